@@ -1,0 +1,373 @@
+//! JSON-RPC 2.0 messages as brain/harness/v1 uses them: one object per line, requests with ids in
+//! both directions, no batches.
+//!
+//! [`decode`] turns one line into a [`Message`] or names the [`Violation`] that makes it unusable.
+//! It is deliberately strict about the envelope (the `jsonrpc` member, the id's type, exactly one of
+//! `result`/`error`) and lenient about everything else: unknown members are ignored.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use std::fmt;
+
+/// The id of a request: an integer or a string, echoed exactly (with its JSON type) in the response.
+///
+/// Brain's own ids are integers from 1. A harness may use either form. A JSON `null`, a fraction or an
+/// integer outside `i64` is not an id; a message carrying one is a violation.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum RequestId {
+    /// An integer id.
+    Int(i64),
+    /// A string id.
+    Str(String),
+}
+
+impl From<i64> for RequestId {
+    fn from(id: i64) -> Self {
+        RequestId::Int(id)
+    }
+}
+
+impl From<&str> for RequestId {
+    fn from(id: &str) -> Self {
+        RequestId::Str(id.to_owned())
+    }
+}
+
+impl fmt::Display for RequestId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RequestId::Int(n) => write!(f, "{n}"),
+            RequestId::Str(s) => write!(f, "{s:?}"),
+        }
+    }
+}
+
+impl RequestId {
+    fn from_value(value: &Value) -> Option<RequestId> {
+        match value {
+            Value::Number(n) => n.as_i64().map(RequestId::Int),
+            Value::String(s) => Some(RequestId::Str(s.clone())),
+            _ => None,
+        }
+    }
+}
+
+/// A request: a method, its params (absent means `null`) and an id.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Request {
+    /// The id the response must echo.
+    pub id: RequestId,
+    /// The method name.
+    pub method: String,
+    /// The params; `Value::Null` when the member was absent.
+    pub params: Value,
+}
+
+/// A notification: a request without an id. brain/harness/v1 defines none; Brain ignores them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Notification {
+    /// The method name.
+    pub method: String,
+    /// The params; `Value::Null` when the member was absent.
+    pub params: Value,
+}
+
+/// A response: the id of the request it answers and either a result or an error.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Response {
+    /// The id of the request this answers.
+    pub id: RequestId,
+    /// `Ok(result)` or `Err(error)`.
+    pub outcome: Result<Value, RpcError>,
+}
+
+/// A JSON-RPC error object. Brain's errors always carry `data.code` (a string from the protocol's
+/// error-code list); a harness's errors may carry anything.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RpcError {
+    /// The JSON-RPC error code (-32600, -32601, -32602, -32000, …).
+    pub code: i64,
+    /// A human-readable message.
+    pub message: String,
+    /// Structured detail; absent is `None`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<Value>,
+}
+
+/// JSON-RPC error code: the message is not a valid request.
+pub const INVALID_REQUEST: i64 = -32600;
+/// JSON-RPC error code: the method is unknown.
+pub const METHOD_NOT_FOUND: i64 = -32601;
+/// JSON-RPC error code: the params are invalid.
+pub const INVALID_PARAMS: i64 = -32602;
+/// JSON-RPC error code Brain uses for every other error.
+pub const SERVER_ERROR: i64 = -32000;
+
+/// One decoded line.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Message {
+    /// A request expecting a response.
+    Request(Request),
+    /// A response to an earlier request.
+    Response(Response),
+    /// A notification (ignored by Brain).
+    Notification(Notification),
+}
+
+/// Why a line could not be used. Every violation is logged, counted and never answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Violation {
+    /// The line exceeded the line limit; it was discarded up to its newline.
+    LineTooLong,
+    /// The line is not valid UTF-8.
+    InvalidUtf8,
+    /// The line is not JSON.
+    InvalidJson,
+    /// The JSON value is not an object (arrays, i.e. batches, included).
+    NotAnObject,
+    /// The object is neither a valid request, notification nor response.
+    InvalidMessage,
+    /// A request reused an id that is still outstanding from the same peer.
+    DuplicateId,
+    /// A response named an id that was never sent or was already answered.
+    UnknownResponseId,
+}
+
+impl Violation {
+    /// A stable snake_case name for logs and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Violation::LineTooLong => "line_too_long",
+            Violation::InvalidUtf8 => "invalid_utf8",
+            Violation::InvalidJson => "invalid_json",
+            Violation::NotAnObject => "not_an_object",
+            Violation::InvalidMessage => "invalid_message",
+            Violation::DuplicateId => "duplicate_id",
+            Violation::UnknownResponseId => "unknown_response_id",
+        }
+    }
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Decodes one line (without its terminator) into a message.
+///
+/// Refuses, naming the violation: bytes that are not UTF-8, text that is not JSON, JSON that is not
+/// an object, and objects that are not a JSON-RPC 2.0 request, notification or response (wrong or
+/// missing `jsonrpc`, an id that is neither an integer nor a string, both or neither of
+/// `result`/`error`, an error object without an integer `code` and a string `message`, params that
+/// are neither an object nor an array). Unknown members are ignored.
+pub fn decode(line: &[u8]) -> Result<Message, Violation> {
+    let text = std::str::from_utf8(line).map_err(|_| Violation::InvalidUtf8)?;
+    let value: Value = serde_json::from_str(text).map_err(|_| Violation::InvalidJson)?;
+    let Value::Object(mut object) = value else {
+        return Err(Violation::NotAnObject);
+    };
+    if object.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
+        return Err(Violation::InvalidMessage);
+    }
+    match object.remove("method") {
+        Some(Value::String(method)) => decode_request(method, object),
+        Some(_) => Err(Violation::InvalidMessage),
+        None => decode_response(object),
+    }
+}
+
+fn decode_request(method: String, mut object: Map<String, Value>) -> Result<Message, Violation> {
+    let params = match object.remove("params") {
+        None => Value::Null,
+        Some(params @ (Value::Object(_) | Value::Array(_))) => params,
+        Some(_) => return Err(Violation::InvalidMessage),
+    };
+    match object.get("id") {
+        None => Ok(Message::Notification(Notification { method, params })),
+        Some(id) => {
+            let id = RequestId::from_value(id).ok_or(Violation::InvalidMessage)?;
+            Ok(Message::Request(Request { id, method, params }))
+        }
+    }
+}
+
+fn decode_response(mut object: Map<String, Value>) -> Result<Message, Violation> {
+    let id = object
+        .get("id")
+        .and_then(RequestId::from_value)
+        .ok_or(Violation::InvalidMessage)?;
+    let outcome = match (object.remove("result"), object.remove("error")) {
+        (Some(result), None) => Ok(result),
+        (None, Some(error)) => {
+            Err(serde_json::from_value::<RpcError>(error).map_err(|_| Violation::InvalidMessage)?)
+        }
+        _ => return Err(Violation::InvalidMessage),
+    };
+    Ok(Message::Response(Response { id, outcome }))
+}
+
+/// Encodes a request as one line (without the newline).
+pub fn encode_request(id: &RequestId, method: &str, params: &impl Serialize) -> Vec<u8> {
+    #[derive(Serialize)]
+    struct Wire<'a, P> {
+        jsonrpc: &'static str,
+        id: &'a RequestId,
+        method: &'a str,
+        params: &'a P,
+    }
+    to_line(&Wire {
+        jsonrpc: "2.0",
+        id,
+        method,
+        params,
+    })
+}
+
+/// Encodes a successful response as one line (without the newline).
+pub fn encode_result(id: &RequestId, result: &impl Serialize) -> Vec<u8> {
+    #[derive(Serialize)]
+    struct Wire<'a, R> {
+        jsonrpc: &'static str,
+        id: &'a RequestId,
+        result: &'a R,
+    }
+    to_line(&Wire {
+        jsonrpc: "2.0",
+        id,
+        result,
+    })
+}
+
+/// Encodes an error response as one line (without the newline).
+pub fn encode_error(id: &RequestId, error: &RpcError) -> Vec<u8> {
+    #[derive(Serialize)]
+    struct Wire<'a> {
+        jsonrpc: &'static str,
+        id: &'a RequestId,
+        error: &'a RpcError,
+    }
+    to_line(&Wire {
+        jsonrpc: "2.0",
+        id,
+        error,
+    })
+}
+
+fn to_line(message: &impl Serialize) -> Vec<u8> {
+    // Serializing our own derive-based types into memory cannot fail: every map key is a string and
+    // no type has a fallible Serialize impl. `Value` params keep that property.
+    serde_json::to_vec(message).unwrap_or_else(|error| {
+        log::error!("serializing a JSON-RPC message failed: {error}");
+        Vec::from(&b"{}"[..])
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn decode_str(line: &str) -> Result<Message, Violation> {
+        decode(line.as_bytes())
+    }
+
+    #[test]
+    fn decodes_requests_with_integer_and_string_ids() {
+        let Message::Request(request) =
+            decode_str(r#"{"jsonrpc":"2.0","id":7,"method":"run","params":{"a":1}}"#).unwrap()
+        else {
+            panic!("not a request")
+        };
+        assert_eq!(request.id, RequestId::Int(7));
+        assert_eq!(request.method, "run");
+        assert_eq!(request.params, json!({"a":1}));
+
+        let Message::Request(request) =
+            decode_str(r#"{"jsonrpc":"2.0","id":"c1","method":"brain/call"}"#).unwrap()
+        else {
+            panic!("not a request")
+        };
+        assert_eq!(request.id, RequestId::Str("c1".into()));
+        assert_eq!(request.params, Value::Null);
+    }
+
+    #[test]
+    fn decodes_responses_and_errors() {
+        let Message::Response(response) =
+            decode_str(r#"{"jsonrpc":"2.0","id":1,"result":{"x":true},"extra":1}"#).unwrap()
+        else {
+            panic!("not a response")
+        };
+        assert_eq!(response.outcome, Ok(json!({"x":true})));
+
+        let Message::Response(response) = decode_str(
+            r#"{"jsonrpc":"2.0","id":"a","error":{"code":-32000,"message":"no","data":{"code":"x"}}}"#,
+        )
+        .unwrap() else {
+            panic!("not a response")
+        };
+        let error = response.outcome.unwrap_err();
+        assert_eq!(error.code, -32000);
+        assert_eq!(error.data, Some(json!({"code":"x"})));
+    }
+
+    #[test]
+    fn notifications_have_no_id() {
+        assert!(matches!(
+            decode_str(r#"{"jsonrpc":"2.0","method":"progress","params":[1]}"#),
+            Ok(Message::Notification(_))
+        ));
+    }
+
+    #[test]
+    fn names_each_violation() {
+        assert_eq!(decode(b"\xff\xfe"), Err(Violation::InvalidUtf8));
+        assert_eq!(decode_str("not json"), Err(Violation::InvalidJson));
+        assert_eq!(decode_str("[1,2]"), Err(Violation::NotAnObject));
+        assert_eq!(decode_str("42"), Err(Violation::NotAnObject));
+        for bad in [
+            r#"{"id":1,"method":"run"}"#,
+            r#"{"jsonrpc":"1.0","id":1,"method":"run"}"#,
+            r#"{"jsonrpc":"2.0","id":null,"method":"run"}"#,
+            r#"{"jsonrpc":"2.0","id":1.5,"result":{}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":5}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"run","params":3}"#,
+            r#"{"jsonrpc":"2.0","id":1}"#,
+            r#"{"jsonrpc":"2.0","id":1,"result":{},"error":{"code":1,"message":"m"}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"error":{"message":"m"}}"#,
+            r#"{"jsonrpc":"2.0","result":{}}"#,
+        ] {
+            assert_eq!(decode_str(bad), Err(Violation::InvalidMessage), "{bad}");
+        }
+    }
+
+    #[test]
+    fn encodes_round_trip_with_exact_id_types() {
+        let line = encode_request(&RequestId::Int(3), "cancel", &json!({"sequence": 1}));
+        assert_eq!(
+            decode(&line).unwrap(),
+            Message::Request(Request {
+                id: RequestId::Int(3),
+                method: "cancel".into(),
+                params: json!({"sequence": 1})
+            })
+        );
+        let line = encode_result(&RequestId::Str("7".into()), &json!({}));
+        assert_eq!(
+            std::str::from_utf8(&line).unwrap(),
+            r#"{"jsonrpc":"2.0","id":"7","result":{}}"#
+        );
+        let error = RpcError {
+            code: SERVER_ERROR,
+            message: "m".into(),
+            data: Some(json!({"code":"cancelled","fatal":true})),
+        };
+        let line = encode_error(&RequestId::Int(9), &error);
+        let Message::Response(response) = decode(&line).unwrap() else {
+            panic!()
+        };
+        assert_eq!(response.outcome, Err(error));
+    }
+}
