@@ -1,1 +1,1 @@
-//! placeholder
+//! Registrations: the name-to-harness map Brain reads at startup.

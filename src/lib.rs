@@ -7,4 +7,5 @@
 #![deny(missing_docs)]
 
 pub mod config;
+pub mod harness;
 pub mod protocol;
