@@ -3,9 +3,25 @@
 //! Brain starts pools of harness worker processes, speaks line-delimited JSON-RPC 2.0
 //! (brain/harness/v1) with them over their stdin and stdout, and keeps them healthy. It is
 //! synchronous and threaded: no async runtime anywhere.
+//!
+//! The shape: each worker pipe has its own reader and writer thread; they feed crossbeam channels
+//! into one dispatcher thread (`brain-dispatch`) that owns all worker state; a timer thread
+//! (`brain-timer`) enforces deadlines. See `docs/ARCHITECTURE.md`.
 
 #![deny(missing_docs)]
 
+mod brain;
 pub mod config;
+mod dispatch;
 pub mod harness;
+mod options;
+mod pool;
 pub mod protocol;
+pub mod status;
+mod timer;
+pub mod worker;
+
+pub use brain::{Brain, Config, StartError};
+pub use config::{ConfigError, Registration, Registrations};
+pub use options::Options;
+pub use status::{PoolStatus, WorkerState};

@@ -168,7 +168,10 @@ impl<R: Read> LineReader<R> {
 mod tests {
     use super::*;
 
-    fn frames(input: &[u8], limit: usize) -> Vec<Result<Vec<u8>, (Vec<u8>, u64)>> {
+    /// A line, or the prefix and length of an over-long one.
+    type Owned = Result<Vec<u8>, (Vec<u8>, u64)>;
+
+    fn frames(input: &[u8], limit: usize) -> Vec<Owned> {
         let mut reader = LineReader::new(input, limit);
         let mut out = Vec::new();
         while let Some(frame) = reader.next_frame().unwrap() {
@@ -244,12 +247,7 @@ mod tests {
     fn a_100_mib_line_never_grows_the_buffer_past_the_limit() {
         let limit = 1024 * 1024;
         let total = 100 * 1024 * 1024;
-        let mut reader = LineReader::new(
-            Endless {
-                remaining: total,
-            },
-            limit,
-        );
+        let mut reader = LineReader::new(Endless { remaining: total }, limit);
         match reader.next_frame().unwrap() {
             Some(Frame::TooLong { length, .. }) => assert_eq!(length, total),
             other => panic!("expected TooLong, got {other:?}"),

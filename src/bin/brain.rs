@@ -1,0 +1,280 @@
+//! The `brain` command.
+//!
+//! Exit codes are a contract: 0 ok, 1 not ready / failed, 2 usage, 78 configuration refused.
+
+use brain::{Brain, Config, Options, Registration, Registrations, WorkerState};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+const USAGE: &str = "\
+usage: brain <command> [options]
+
+commands:
+  check     validate registrations, start every worker, report each, stop them
+            (takes no lock and writes nothing: safe beside a running server)
+
+options (check):
+  --agentloops FILE|JSON     registrations (default: $BRAIN_AGENTLOOPS, else the bundled
+                             reference harness)
+  --json                     print the report as JSON
+  --data-dir DIR             data directory (default ./brain-data)
+  --init-deadline DURATION   initialize deadline (default 30s)
+  --cancel-grace DURATION    grace before a kill after cancel or shutdown (default 5s)
+  --max-line-bytes N         line limit (default 16777216)
+  --restart-budget N         failures per window before quarantine (default 5)
+  --restart-window DURATION  restart budget window (default 60s)
+  --respawn-backoff DURATION first respawn delay (default 100ms)
+  --respawn-backoff-max DURATION  longest respawn delay (default 30s)
+
+Durations are written like 200ms, 30s or 5m.
+";
+
+/// Exit code for refused configuration (sysexits EX_CONFIG).
+const EXIT_CONFIG: u8 = 78;
+const EXIT_USAGE: u8 = 2;
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.first().map(String::as_str) {
+        Some("check") => check(&args[1..]),
+        Some("-h" | "--help" | "help") => {
+            print!("{USAGE}");
+            ExitCode::SUCCESS
+        }
+        Some(other) => usage_error(&format!("unknown command {other:?}")),
+        None => usage_error("no command given"),
+    }
+}
+
+fn usage_error(message: &str) -> ExitCode {
+    eprintln!("brain: {message}\n\n{USAGE}");
+    ExitCode::from(EXIT_USAGE)
+}
+
+fn init_logging(default: &str) {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(default))
+        .format_timestamp_millis()
+        .init();
+}
+
+/// Options shared by the commands that start workers.
+struct Common {
+    agentloops: Option<String>,
+    options: Options,
+}
+
+/// Parses the common flags out of `args`, returning the ones it does not know.
+fn parse_common(args: &[String]) -> Result<(Common, Vec<String>), String> {
+    let mut common = Common {
+        agentloops: None,
+        options: Options::default(),
+    };
+    let mut rest = Vec::new();
+    let mut args = args.iter();
+    while let Some(arg) = args.next() {
+        let (flag, inline) = match arg.split_once('=') {
+            Some((flag, value)) if flag.starts_with("--") => (flag, Some(value.to_owned())),
+            _ => (arg.as_str(), None),
+        };
+        let mut value = || {
+            inline
+                .clone()
+                .or_else(|| args.next().cloned())
+                .ok_or_else(|| format!("{flag} needs a value"))
+        };
+        let o = &mut common.options;
+        match flag {
+            "--agentloops" => common.agentloops = Some(value()?),
+            "--data-dir" => o.data_dir = PathBuf::from(value()?),
+            "--init-deadline" => o.init_deadline = duration(flag, &value()?)?,
+            "--cancel-grace" => o.cancel_grace = duration(flag, &value()?)?,
+            "--max-line-bytes" => o.max_line_bytes = number(flag, &value()?)?,
+            "--restart-budget" => o.restart_budget = number(flag, &value()?)?,
+            "--restart-window" => o.restart_window = duration(flag, &value()?)?,
+            "--respawn-backoff" => o.respawn_backoff = duration(flag, &value()?)?,
+            "--respawn-backoff-max" => o.respawn_backoff_max = duration(flag, &value()?)?,
+            _ => rest.push(arg.clone()),
+        }
+    }
+    Ok((common, rest))
+}
+
+fn number<T: std::str::FromStr>(flag: &str, text: &str) -> Result<T, String> {
+    text.parse()
+        .map_err(|_| format!("{flag}: {text:?} is not a valid number"))
+}
+
+/// Parses `200ms`, `30s`, `5m`; a bare number is seconds.
+fn duration(flag: &str, text: &str) -> Result<Duration, String> {
+    let (digits, unit) = text
+        .find(|c: char| !c.is_ascii_digit())
+        .map_or((text, ""), |at| text.split_at(at));
+    let amount: u64 = digits
+        .parse()
+        .map_err(|_| format!("{flag}: {text:?} is not a duration like 200ms, 30s or 5m"))?;
+    match unit {
+        "ms" => Ok(Duration::from_millis(amount)),
+        "" | "s" => Ok(Duration::from_secs(amount)),
+        "m" => Ok(Duration::from_secs(amount.saturating_mul(60))),
+        _ => Err(format!(
+            "{flag}: {text:?} is not a duration like 200ms, 30s or 5m"
+        )),
+    }
+}
+
+/// The registrations from `--agentloops`, `BRAIN_AGENTLOOPS`, or the embedded default: one
+/// registration `reference` running the reference harness installed beside this executable.
+fn registrations(flag: Option<&str>) -> Result<Registrations, String> {
+    if let Some(registrations) =
+        Registrations::from_flag_or_env(flag).map_err(|error| error.to_string())?
+    {
+        return Ok(registrations);
+    }
+    let exe = std::env::current_exe()
+        .map_err(|error| format!("locating the brain executable: {error}"))?;
+    let harness = exe.with_file_name("brain-reference-harness");
+    Registrations::from_vec(vec![Registration::new(
+        "reference",
+        harness.to_string_lossy(),
+    )])
+    .map_err(|error| error.to_string())
+}
+
+fn check(args: &[String]) -> ExitCode {
+    let (common, rest) = match parse_common(args) {
+        Ok(parsed) => parsed,
+        Err(message) => return usage_error(&message),
+    };
+    let mut json = false;
+    for arg in rest {
+        match arg.as_str() {
+            "--json" => json = true,
+            "-h" | "--help" => {
+                print!("{USAGE}");
+                return ExitCode::SUCCESS;
+            }
+            other => return usage_error(&format!("check: unknown argument {other:?}")),
+        }
+    }
+    init_logging("warn");
+    let registrations = match registrations(common.agentloops.as_deref()) {
+        Ok(registrations) => registrations,
+        Err(message) => {
+            eprintln!("brain: configuration refused: {message}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    let grace = common.options.cancel_grace;
+    let mut brain = match Brain::start(Config {
+        registrations,
+        options: common.options,
+    }) {
+        Ok(brain) => brain,
+        Err(error) if error.is_configuration() => {
+            eprintln!("brain: configuration refused: {error}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+        Err(error) => {
+            eprintln!("brain: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let status = brain.status();
+    brain.shutdown(grace);
+    if json {
+        match serde_json::to_string_pretty(&serde_json::json!({
+            "ready": status.ready(),
+            "registrations": status.registrations,
+        })) {
+            Ok(text) => println!("{text}"),
+            Err(error) => {
+                eprintln!("brain: rendering the report: {error}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        print_table(&status);
+    }
+    if status.ready() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+fn print_table(status: &brain::PoolStatus) {
+    let mut rows = vec![[
+        "REGISTRATION".to_owned(),
+        "WORKER".to_owned(),
+        "STATE".to_owned(),
+        "PID".to_owned(),
+        "IDENTITY".to_owned(),
+        "STATE_VERSION".to_owned(),
+        "INIT_MS".to_owned(),
+        "LAST_FAILURE".to_owned(),
+    ]];
+    for registration in &status.registrations {
+        for worker in &registration.workers {
+            let init = worker.initialized.as_ref();
+            rows.push([
+                registration.name.clone(),
+                worker.slot.to_string(),
+                state_name(worker.state).to_owned(),
+                worker.pid.map_or("-".into(), |pid| pid.to_string()),
+                init.map_or("-".into(), |i| {
+                    format!("{} {}", i.identity.name, i.identity.version)
+                }),
+                init.map_or("-".into(), |i| i.state_version.clone()),
+                worker
+                    .init_latency_ms
+                    .map_or("-".into(), |ms| format!("{ms:.1}")),
+                worker.last_failure.as_ref().map_or("-".into(), |f| {
+                    let mut text = format!("{} [{}]", f.reason, f.reason.code());
+                    if let Some(exit) = f.exit {
+                        text.push_str(&format!("; {exit}"));
+                    }
+                    text
+                }),
+            ]);
+        }
+    }
+    let mut widths = [0usize; 8];
+    for row in &rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    for row in &rows {
+        let line: Vec<String> = row
+            .iter()
+            .zip(widths)
+            .map(|(cell, width)| format!("{cell:width$}"))
+            .collect();
+        println!("{}", line.join("  ").trim_end());
+    }
+    println!("ready: {}", if status.ready() { "yes" } else { "no" });
+    for registration in &status.registrations {
+        for worker in &registration.workers {
+            if let Some(failure) = &worker.last_failure
+                && !failure.stderr_tail.is_empty()
+            {
+                println!(
+                    "\n{}/{} stderr tail:\n{}",
+                    registration.name, worker.slot, failure.stderr_tail
+                );
+            }
+        }
+    }
+}
+
+fn state_name(state: WorkerState) -> &'static str {
+    match state {
+        WorkerState::Starting => "starting",
+        WorkerState::Healthy => "healthy",
+        WorkerState::Failed => "failed",
+        WorkerState::Quarantined => "quarantined",
+        WorkerState::Stopping => "stopping",
+        WorkerState::Stopped => "stopped",
+    }
+}

@@ -1,0 +1,48 @@
+//! Brain's tunables: deadlines, limits and the restart budget, with the seed's defaults.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Tunables for a [`Brain`](crate::Brain). `Options::default()` holds the protocol's figures; tests
+/// shorten the deadlines, operators set them with flags.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The data directory. Harness state lives beneath `<data_dir>/agentloops/<registration>/`.
+    pub data_dir: PathBuf,
+    /// How long a worker has from its spawn to answer `initialize` (default 30 s).
+    pub init_deadline: Duration,
+    /// How long a harness has to end after `cancel` or `shutdown` before its group is killed
+    /// (default 5 s).
+    pub cancel_grace: Duration,
+    /// The longest line Brain writes or accepts (default 16 MiB).
+    pub max_line_bytes: usize,
+    /// The first respawn delay (default 100 ms); it doubles with each failure in the window.
+    pub respawn_backoff: Duration,
+    /// The longest respawn delay (default 30 s).
+    pub respawn_backoff_max: Duration,
+    /// More than this many failures of one slot within `restart_window` quarantine it (default 5).
+    pub restart_budget: u32,
+    /// The window of the restart budget (default 60 s).
+    pub restart_window: Duration,
+    /// This many protocol violations within `violation_window` mark a worker faulty (default 10).
+    pub violation_limit: usize,
+    /// The window for counting violations (default 60 s).
+    pub violation_window: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            data_dir: PathBuf::from("brain-data"),
+            init_deadline: Duration::from_secs(30),
+            cancel_grace: Duration::from_secs(5),
+            max_line_bytes: 16 * 1024 * 1024,
+            respawn_backoff: Duration::from_millis(100),
+            respawn_backoff_max: Duration::from_secs(30),
+            restart_budget: 5,
+            restart_window: Duration::from_secs(60),
+            violation_limit: 10,
+            violation_window: Duration::from_secs(60),
+        }
+    }
+}

@@ -1,0 +1,180 @@
+//! The three I/O threads of a worker: stdout reader, stdin writer, stderr logger.
+//!
+//! Each pipe has one thread that owns it. The reader decodes lines and forwards messages to the
+//! dispatcher's channel; it judges and counts framing violations itself so that a harness
+//! flooding garbage costs the dispatcher nothing. The writer owns stdin and writes what the
+//! dispatcher sends it; dropping its sender closes the harness's stdin.
+
+use super::violations::ViolationWindow;
+use super::{WorkerEvent, WorkerKey, WorkerLabel};
+use crate::protocol::framing::{Frame, LineReader, PREFIX_BYTES};
+use crate::protocol::jsonrpc::{self, Violation};
+use crossbeam_channel::{Receiver, Sender};
+use parking_lot::Mutex;
+use std::collections::VecDeque;
+use std::io::{self, BufWriter, Read, Write};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// How many bytes of a harness's stderr are kept for error reports.
+pub const STDERR_TAIL_BYTES: usize = 2048;
+
+/// The longest stderr line Brain logs whole; longer lines are logged truncated.
+const STDERR_LINE_BYTES: usize = 8 * 1024;
+
+/// State shared by a worker's reader thread and the dispatcher: the violation window.
+pub type SharedViolations = Arc<Mutex<ViolationWindow>>;
+
+/// The reader thread's body: reads stdout until EOF or error, then reports `StdoutClosed`.
+pub fn read_stdout(
+    stdout: impl Read,
+    limit: usize,
+    key: WorkerKey,
+    label: WorkerLabel,
+    violations: SharedViolations,
+    events: Sender<(WorkerKey, WorkerEvent)>,
+) {
+    let mut reader = LineReader::new(stdout, limit);
+    loop {
+        let outcome = match reader.next_frame() {
+            Ok(None) => break,
+            Ok(Some(Frame::Line(line))) => match jsonrpc::decode(line) {
+                Ok(message) => Ok(message),
+                Err(violation) => Err((violation, prefix_of(line), line.len() as u64)),
+            },
+            Ok(Some(Frame::TooLong { prefix, length })) => Err((
+                Violation::LineTooLong,
+                String::from_utf8_lossy(prefix).into_owned(),
+                length,
+            )),
+            Err(error) => {
+                log::warn!("worker {label}: reading stdout failed: {error}");
+                break;
+            }
+        };
+        let event = match outcome {
+            Ok(message) => WorkerEvent::Message(message),
+            Err((violation, prefix, length)) => {
+                log::warn!(
+                    "worker {label}: protocol violation {violation} ({length} bytes): {prefix:?}"
+                );
+                if !violations.lock().record(Instant::now()) {
+                    continue;
+                }
+                WorkerEvent::Faulty(violation)
+            }
+        };
+        if events.send((key, event)).is_err() {
+            return; // The dispatcher is gone; nobody is listening.
+        }
+    }
+    let _ = events.send((key, WorkerEvent::StdoutClosed));
+}
+
+/// A bounded, lossy rendering of a line for logs.
+pub fn prefix_of(line: &[u8]) -> String {
+    let end = line.len().min(PREFIX_BYTES);
+    String::from_utf8_lossy(&line[..end]).into_owned()
+}
+
+/// The writer thread's body: writes each line with its newline, flushing whenever the queue is
+/// empty. Returns when the sender side is dropped (closing stdin) or the pipe breaks.
+pub fn write_stdin(stdin: impl Write, lines: Receiver<Vec<u8>>, label: WorkerLabel) {
+    let mut out = BufWriter::with_capacity(64 * 1024, stdin);
+    while let Ok(line) = lines.recv() {
+        let mut next = Some(line);
+        while let Some(mut line) = next.take() {
+            line.push(b'\n');
+            if let Err(error) = out.write_all(&line) {
+                finish_write(error, label);
+                return;
+            }
+            next = lines.try_recv().ok();
+        }
+        if let Err(error) = out.flush() {
+            finish_write(error, label);
+            return;
+        }
+    }
+}
+
+fn finish_write(error: io::Error, label: WorkerLabel) {
+    // A broken pipe means the harness went away; the reader and waiter report that.
+    if error.kind() != io::ErrorKind::BrokenPipe {
+        log::warn!("worker {label}: writing stdin failed: {error}");
+    }
+}
+
+/// The last bytes a harness wrote to stderr, for error reports.
+#[derive(Debug, Default)]
+pub struct StderrTail {
+    bytes: Mutex<VecDeque<u8>>,
+}
+
+impl StderrTail {
+    fn push_line(&self, line: &[u8]) {
+        let mut bytes = self.bytes.lock();
+        let keep = line.len().min(STDERR_TAIL_BYTES - 1);
+        bytes.extend(&line[line.len() - keep..]);
+        bytes.push_back(b'\n');
+        while bytes.len() > STDERR_TAIL_BYTES {
+            bytes.pop_front();
+        }
+    }
+
+    /// The tail as text (lossy UTF-8), without a trailing newline.
+    pub fn snapshot(&self) -> String {
+        let bytes = self.bytes.lock();
+        let (a, b) = bytes.as_slices();
+        let mut all = Vec::with_capacity(a.len() + b.len());
+        all.extend_from_slice(a);
+        all.extend_from_slice(b);
+        let text = String::from_utf8_lossy(&all);
+        text.trim_end_matches('\n').to_owned()
+    }
+}
+
+/// The stderr thread's body: logs each line tagged with the worker and keeps a bounded tail.
+/// Sends on `done` (if given) when stderr closes, so that exit reports can include the last lines.
+pub fn read_stderr(stderr: impl Read, label: WorkerLabel, tail: Arc<StderrTail>, done: Sender<()>) {
+    let mut reader = LineReader::new(stderr, STDERR_LINE_BYTES);
+    loop {
+        match reader.next_frame() {
+            Ok(Some(Frame::Line(line))) => {
+                tail.push_line(line);
+                log::info!(target: "brain::harness", "[{label}] {}", String::from_utf8_lossy(line));
+            }
+            Ok(Some(Frame::TooLong { prefix, length })) => {
+                tail.push_line(prefix);
+                log::info!(
+                    target: "brain::harness",
+                    "[{label}] {}… ({length} bytes)",
+                    String::from_utf8_lossy(prefix)
+                );
+            }
+            Ok(None) => break,
+            Err(error) => {
+                log::debug!("worker {label}: reading stderr failed: {error}");
+                break;
+            }
+        }
+    }
+    let _ = done.send(());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stderr_tail_keeps_the_last_bytes() {
+        let tail = StderrTail::default();
+        for i in 0..1000 {
+            tail.push_line(format!("line {i}").as_bytes());
+        }
+        let text = tail.snapshot();
+        assert!(text.len() <= STDERR_TAIL_BYTES);
+        assert!(text.ends_with("line 999"));
+        assert!(!text.contains("line 1\n"));
+    }
+}

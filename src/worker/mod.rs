@@ -1,0 +1,171 @@
+//! Harness worker processes: spawning, the per-pipe threads, and what they report.
+//!
+//! A worker is one process of a registration, in a numbered slot. [`start`] spawns it and four named
+//! threads: `brain-w:<reg>/<slot>-read` (stdout → decoded messages), `-write` (lines → stdin),
+//! `-stderr` (diagnostics → log and a bounded tail) and `-wait` (reaps the process and reports its
+//! exit). All of them report to the dispatcher through one channel of `(WorkerKey, WorkerEvent)`;
+//! none of them touches the dispatcher's state.
+
+pub mod io;
+pub mod process;
+pub mod violations;
+
+use crate::protocol::jsonrpc::{Message, Violation};
+use crossbeam_channel::Sender;
+use process::{Exit, ProcessHandle, SpawnSpec};
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Names one incarnation of one worker slot. Events of an older generation are stale.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct WorkerKey {
+    /// Index of the registration (in name order).
+    pub registration: usize,
+    /// Slot number within the registration.
+    pub slot: u32,
+    /// Incremented at every spawn of the slot.
+    pub generation: u64,
+}
+
+/// `registration/slot`, for logs and thread names.
+#[derive(Debug, Clone)]
+pub struct WorkerLabel(Arc<str>);
+
+impl WorkerLabel {
+    /// The label of `slot` of `registration`.
+    pub fn new(registration: &str, slot: u32) -> WorkerLabel {
+        WorkerLabel(format!("{registration}/{slot}").into())
+    }
+}
+
+impl fmt::Display for WorkerLabel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// What a worker's threads report to the dispatcher.
+#[derive(Debug)]
+pub enum WorkerEvent {
+    /// A decoded message from stdout.
+    Message(Message),
+    /// Violations crossed the limit; the last one is named.
+    Faulty(Violation),
+    /// Stdout reached end of file or failed.
+    StdoutClosed,
+    /// The process exited and was reaped (its whole group killed).
+    Exited(Exit),
+}
+
+/// The parts of a running worker that the dispatcher keeps.
+#[derive(Debug)]
+pub struct Running {
+    /// Kills the process group.
+    pub process: Arc<ProcessHandle>,
+    /// Lines to write to stdin; `None` once Brain closed stdin.
+    pub stdin: Option<Sender<Vec<u8>>>,
+    /// The stderr tail, for error reports.
+    pub stderr_tail: Arc<io::StderrTail>,
+    /// The violation window shared with the reader thread.
+    pub violations: io::SharedViolations,
+}
+
+/// Limits the threads need.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// The line limit for stdout.
+    pub max_line_bytes: usize,
+    /// Violations that make a worker faulty.
+    pub violation_limit: usize,
+    /// Their window.
+    pub violation_window: Duration,
+}
+
+/// Spawns the process and its four threads. Events go to `events`, tagged with `key`.
+///
+/// Guarantees: on `Ok`, exactly one `WorkerEvent::Exited` for `key` will follow eventually (the
+/// waiter reports it after reaping), and a `StdoutClosed` before or after it. On `Err` nothing is
+/// left running.
+pub fn start(
+    spec: &SpawnSpec,
+    key: WorkerKey,
+    label: &WorkerLabel,
+    limits: Limits,
+    events: &Sender<(WorkerKey, WorkerEvent)>,
+) -> std::io::Result<Running> {
+    let spawned = process::spawn(spec)?;
+    let process = spawned.handle.clone();
+    let stderr_tail = Arc::new(io::StderrTail::default());
+    let violations = Arc::new(parking_lot::Mutex::new(violations::ViolationWindow::new(
+        limits.violation_limit,
+        limits.violation_window,
+    )));
+    let (stdin, lines) = crossbeam_channel::unbounded::<Vec<u8>>();
+    let (stderr_done, stderr_closed) = crossbeam_channel::bounded::<()>(1);
+
+    let threads = [
+        (
+            "read",
+            Box::new({
+                let (events, label, violations) =
+                    (events.clone(), label.clone(), violations.clone());
+                let stdout = spawned.stdout;
+                move || {
+                    io::read_stdout(
+                        stdout,
+                        limits.max_line_bytes,
+                        key,
+                        label,
+                        violations,
+                        events,
+                    )
+                }
+            }) as Box<dyn FnOnce() + Send>,
+        ),
+        (
+            "write",
+            Box::new({
+                let (label, stdin) = (label.clone(), spawned.stdin);
+                move || io::write_stdin(stdin, lines, label)
+            }),
+        ),
+        (
+            "stderr",
+            Box::new({
+                let (label, tail, stderr) = (label.clone(), stderr_tail.clone(), spawned.stderr);
+                move || io::read_stderr(stderr, label, tail, stderr_done)
+            }),
+        ),
+        (
+            "wait",
+            Box::new({
+                let (events, process, child) = (events.clone(), process.clone(), spawned.child);
+                move || {
+                    let exit = process::wait_and_reap(&process, child);
+                    // The group is dead, so stderr closes promptly unless a descendant escaped
+                    // the group with it; do not wait long for the last lines in that case.
+                    let _ = stderr_closed.recv_timeout(Duration::from_millis(500));
+                    let _ = events.send((key, WorkerEvent::Exited(exit)));
+                }
+            }),
+        ),
+    ];
+    for (role, body) in threads {
+        let spawned_thread = std::thread::Builder::new()
+            .name(format!("brain-w:{label}-{role}"))
+            .spawn(body);
+        if let Err(error) = spawned_thread {
+            // Without its threads the worker cannot be supervised: take it down. The threads that
+            // did start end on their own once the group is dead.
+            process.kill();
+            return Err(error);
+        }
+    }
+    Ok(Running {
+        process,
+        stdin: Some(stdin),
+        stderr_tail,
+        violations,
+    })
+}
