@@ -1,1 +1,70 @@
 //! The harness SDK: write a brain/harness/v1 harness in Rust with a few blocking calls.
+//!
+//! Two levels, both synchronous and threaded (no async runtime):
+//!
+//! - [`serve`] runs the whole protocol for a [`Handler`]: it answers `initialize`, runs each `run`
+//!   on its own thread with an [`Activation`] (its params, [`Activation::call`] for `brain/call`,
+//!   and a [`CancelToken`]), turns `cancel` into a cancelled token, and answers `close`,
+//!   `shutdown` and unknown methods. It returns when Brain closes stdin.
+//! - [`Connection`] is the transport underneath: a reader thread and a writer thread on the
+//!   process's stdin and stdout (or any reader and writer), Brain's requests on a channel,
+//!   [`Connection::respond`] from any thread, and [`Connection::call`], which blocks until Brain
+//!   answers and fails at once — never hangs — when the connection closes.
+//!
+//! Diagnostics go through the `log` crate; a harness binary should log to stderr (stdout is the
+//! protocol).
+//!
+//! # Example
+//!
+//! A harness that asks Brain for a kv value and answers with it, stopping early when cancelled:
+//!
+//! ```no_run
+//! use brain::harness::{Activation, Handler, HandlerError, serve};
+//! use brain::protocol::harness::{
+//!     Capabilities, Identity, InitializeParams, InitializeResult, PROTOCOL,
+//! };
+//! use serde_json::{Value, json};
+//!
+//! struct Hello;
+//!
+//! impl Handler for Hello {
+//!     fn initialize(&self, _: &InitializeParams) -> Result<InitializeResult, HandlerError> {
+//!         Ok(InitializeResult {
+//!             protocol: PROTOCOL.to_owned(),
+//!             identity: Identity { name: "hello".into(), version: "1.0.0".into() },
+//!             state_version: "1".into(),
+//!             capabilities: Capabilities::default(),
+//!             configuration_keys: None,
+//!             required_model_metadata: Vec::new(),
+//!         })
+//!     }
+//!
+//!     fn run(&self, activation: &Activation) -> Result<Option<Value>, HandlerError> {
+//!         // Blocks until Brain answers; a fatal error has already cancelled the token.
+//!         let plan = activation.call("kv.get", json!({"key": "plan"}))?;
+//!         if activation.is_cancelled() {
+//!             return Err(HandlerError::cancelled());
+//!         }
+//!         Ok(Some(json!({"plan": plan})))
+//!     }
+//! }
+//!
+//! fn main() -> std::io::Result<()> {
+//!     serve(&Hello)
+//! }
+//! ```
+
+mod activation;
+mod cancel;
+mod connection;
+mod error;
+mod io;
+mod pending;
+mod serve;
+
+pub use activation::Activation;
+pub use cancel::CancelToken;
+pub use connection::{Connection, DEFAULT_MAX_LINE_BYTES};
+pub use error::{CallError, HandlerError, SendError};
+pub use io::IoThreads;
+pub use serve::{Handler, serve, serve_connection};

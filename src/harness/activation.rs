@@ -1,0 +1,109 @@
+//! [`Activation`]: what a handler's `run` sees of the activation it executes.
+
+use super::cancel::CancelToken;
+use super::connection::Connection;
+use super::error::CallError;
+use serde_json::Value;
+
+/// One activation (one `run` request) being executed by a [`Handler`](super::Handler).
+///
+/// It names the activation (`session_id`, `sequence`), carries the `run` params exactly as Brain
+/// sent them, makes callbacks to Brain on the activation's behalf, and holds its [`CancelToken`].
+pub struct Activation {
+    session_id: String,
+    sequence: u64,
+    params: Value,
+    cancel: CancelToken,
+    connection: Connection,
+}
+
+impl Activation {
+    pub(crate) fn new(
+        session_id: String,
+        sequence: u64,
+        params: Value,
+        cancel: CancelToken,
+        connection: Connection,
+    ) -> Activation {
+        Activation {
+            session_id,
+            sequence,
+            params,
+            cancel,
+            connection,
+        }
+    }
+
+    /// The session this activation belongs to.
+    pub fn session_id(&self) -> &str {
+        &self.session_id
+    }
+
+    /// The activation's sequence (its `activation_queued` record), named in every callback.
+    pub fn sequence(&self) -> u64 {
+        self.sequence
+    }
+
+    /// The `run` params as Brain sent them (PROTOCOL.md §6): `session_id`, `sequence`,
+    /// `state_dir`, `model`, `input`, …
+    pub fn params(&self) -> &Value {
+        &self.params
+    }
+
+    /// The params' `input` member (`input.input`, `transcript`, `kv`, `events`, `tools`, …), if
+    /// present.
+    pub fn input(&self) -> Option<&Value> {
+        self.params.get("input")
+    }
+
+    /// The activation's cancellation signal. Cancelled when Brain sends `cancel` for it, when a
+    /// callback fails fatally, or when the connection closes.
+    pub fn cancel_token(&self) -> &CancelToken {
+        &self.cancel
+    }
+
+    /// Shorthand for `self.cancel_token().is_cancelled()`.
+    pub fn is_cancelled(&self) -> bool {
+        self.cancel.is_cancelled()
+    }
+
+    /// Calls Brain (`brain/call`) as this activation, e.g. `call("model", request)` or
+    /// `call("kv.get", json!({"key": "plan"}))`, and blocks until the answer arrives. Callable from
+    /// any thread the handler starts; calls run concurrently.
+    ///
+    /// When the call fails with a fatal error (Brain's `data.fatal`, or the connection closing),
+    /// the activation's token is cancelled — its hooks run — before this returns, as the seed's
+    /// TypeScript binding aborts `ctx.signal`. Calls still work after a cancel: Brain keeps
+    /// answering `kv.*`, `transcript.set`, `emit` and `events.read` so the harness can save its
+    /// state, and fails effects with `cancelled`. Await every call before returning from `run`.
+    ///
+    /// # Errors
+    /// As [`Connection::call`].
+    pub fn call(&self, method: &str, input: Value) -> Result<Value, CallError> {
+        let result = self
+            .connection
+            .call(&self.session_id, self.sequence, method, input);
+        if let Err(error) = &result
+            && error.fatal
+        {
+            log::debug!(
+                "activation {} of {} cancelled by a fatal {method} error: {}",
+                self.sequence,
+                self.session_id,
+                error.code
+            );
+            self.cancel.cancel();
+        }
+        result
+    }
+}
+
+impl std::fmt::Debug for Activation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Activation")
+            .field("session_id", &self.session_id)
+            .field("sequence", &self.sequence)
+            .field("cancelled", &self.cancel.is_cancelled())
+            .finish_non_exhaustive()
+    }
+}

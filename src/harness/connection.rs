@@ -1,0 +1,239 @@
+//! [`Connection`]: the low-level, blocking JSON-RPC connection of a harness to Brain.
+
+use super::error::{CallError, SendError};
+use super::io::{self, IoThreads, Outgoing};
+use super::pending::Pending;
+use crate::protocol::harness::method;
+use crate::protocol::jsonrpc::{self, Request, RequestId, RpcError};
+use crossbeam_channel::{Receiver, Sender};
+use serde::Serialize;
+use serde_json::{Value, json};
+use std::io::{Read, Write};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The line limit a connection starts with: 16 MiB, Brain's default `max_line_bytes`.
+pub const DEFAULT_MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
+
+/// How many messages may wait for the writer before senders block. Bounds memory when Brain reads
+/// slowly; a sender then blocks until the pipe drains.
+const OUTGOING_QUEUE: usize = 1024;
+
+/// A harness's connection to Brain: line-delimited JSON-RPC 2.0 over a reader (Brain → harness,
+/// normally stdin) and a writer (harness → Brain, normally stdout).
+///
+/// Two named threads do the I/O (see [`IoThreads`]): `harness-read` splits the input into lines of
+/// at most the line limit, decodes them, delivers Brain's requests on [`requests`](Self::requests)
+/// and hands responses to the [`call`](Self::call) waiting for them; `harness-write` writes each
+/// message as one line and flushes it. Lines that are not valid JSON-RPC, over-long lines and
+/// responses nobody waits for are logged at `warn` and skipped, never answered.
+///
+/// A `Connection` is a cheap handle: clone it to use it from several threads; every method takes
+/// `&self`. When Brain closes the input (or reading fails), every pending and later `call` fails at
+/// once with [`CallError::CONNECTION_CLOSED`] and `requests` disconnects once drained. When the
+/// output breaks (Brain closed its end), the writer stops quietly, pending calls fail the same way
+/// and later sends return [`SendError::Closed`].
+#[derive(Clone)]
+pub struct Connection {
+    outgoing: Sender<Outgoing>,
+    requests: Receiver<Request>,
+    pending: Arc<Pending>,
+    next_call: Arc<AtomicU64>,
+    outgoing_limit: Arc<AtomicU64>,
+}
+
+impl Connection {
+    /// A connection over the process's stdin and stdout with the default 16 MiB line limit.
+    ///
+    /// Each message is written to stdout with a single `write_all` call, which takes stdout's lock
+    /// for the whole line; so code that holds `std::io::stdout().lock()` while it writes complete
+    /// lines of its own never splits one of the SDK's lines (and vice versa).
+    ///
+    /// # Errors
+    /// When the I/O threads cannot be spawned.
+    pub fn stdio() -> std::io::Result<(Connection, IoThreads)> {
+        Connection::new(std::io::stdin(), std::io::stdout(), DEFAULT_MAX_LINE_BYTES)
+    }
+
+    /// A connection over any reader and writer, e.g. a pipe pair in tests. `max_line_bytes` bounds
+    /// every incoming line (memory held is at most that plus 64 KiB) and, until
+    /// [`set_max_outgoing_line_bytes`](Self::set_max_outgoing_line_bytes) changes it, every outgoing
+    /// one.
+    ///
+    /// # Errors
+    /// When the I/O threads cannot be spawned.
+    pub fn new<R, W>(
+        reader: R,
+        writer: W,
+        max_line_bytes: usize,
+    ) -> std::io::Result<(Connection, IoThreads)>
+    where
+        R: Read + Send + 'static,
+        W: Write + Send + 'static,
+    {
+        let (outgoing, outgoing_rx) = crossbeam_channel::bounded(OUTGOING_QUEUE);
+        let (requests_tx, requests) = crossbeam_channel::unbounded();
+        let pending = Arc::new(Pending::default());
+        let threads = io::start(
+            reader,
+            writer,
+            max_line_bytes,
+            requests_tx,
+            outgoing_rx,
+            pending.clone(),
+        )?;
+        let connection = Connection {
+            outgoing,
+            requests,
+            pending,
+            next_call: Arc::new(AtomicU64::new(1)),
+            outgoing_limit: Arc::new(AtomicU64::new(max_line_bytes as u64)),
+        };
+        Ok((connection, threads))
+    }
+
+    /// Brain's requests, in arrival order. All clones share this one queue: each request is
+    /// delivered to exactly one receiver. The queue is unbounded (Brain bounds what it sends by
+    /// `max_concurrency`), so the reader never blocks on a slow consumer. It disconnects after the
+    /// input has ended and every queued request has been taken.
+    pub fn requests(&self) -> &Receiver<Request> {
+        &self.requests
+    }
+
+    /// Sets the longest line this connection will write, e.g. to the `max_line_bytes` Brain sent
+    /// in `initialize` ([`serve`](super::serve) does this). Does not change the incoming limit,
+    /// which is fixed when the connection is made.
+    pub fn set_max_outgoing_line_bytes(&self, limit: u64) {
+        self.outgoing_limit.store(limit, Ordering::Relaxed);
+    }
+
+    /// Answers Brain's request `id` with `result`.
+    ///
+    /// Blocks only while the outgoing queue is full (Brain is not reading).
+    ///
+    /// # Errors
+    /// [`SendError::TooLong`] when the encoded answer exceeds the outgoing limit (nothing is sent;
+    /// answer with an error instead), [`SendError::Closed`] when the writer has stopped.
+    pub fn respond(&self, id: &RequestId, result: &impl Serialize) -> Result<(), SendError> {
+        self.send_checked(jsonrpc::encode_result(id, result))
+    }
+
+    /// Answers Brain's request `id` with a JSON-RPC error. Brain matches on `data.code`, so give
+    /// one: `{"code": "<code>"}`.
+    ///
+    /// # Errors
+    /// As [`respond`](Self::respond).
+    pub fn respond_error(&self, id: &RequestId, error: &RpcError) -> Result<(), SendError> {
+        self.send_checked(jsonrpc::encode_error(id, error))
+    }
+
+    /// Sends a `brain/call` for activation `sequence` of `session_id` and blocks until Brain
+    /// answers it. Callable from any thread; calls from several threads run concurrently. Each call
+    /// gets a fresh string id (`"c1"`, `"c2"`, …) that is never reused on this connection.
+    ///
+    /// Never hangs on a lost peer: when the input ends or the writer stops, the call fails at once
+    /// with [`CallError::CONNECTION_CLOSED`] (fatal). Brain itself answers every admitted call.
+    /// This low-level call does not touch any [`CancelToken`](super::CancelToken);
+    /// [`Activation::call`](super::Activation::call) does.
+    ///
+    /// # Errors
+    /// Brain's error answer (code and fatality copied from `data`), or a local failure:
+    /// [`CallError::CONNECTION_CLOSED`], [`CallError::INPUT_TOO_LARGE`] (not sent).
+    pub fn call(
+        &self,
+        session_id: &str,
+        sequence: u64,
+        method: &str,
+        input: Value,
+    ) -> Result<Value, CallError> {
+        let n = self.next_call.fetch_add(1, Ordering::Relaxed);
+        let id = RequestId::Str(format!("c{n}"));
+        let params = json!({
+            "session_id": session_id,
+            "sequence": sequence,
+            "method": method,
+            "input": input,
+        });
+        let line = jsonrpc::encode_request(&id, method::BRAIN_CALL, &params);
+        let limit = self.outgoing_limit.load(Ordering::Relaxed);
+        if line.len() as u64 > limit {
+            return Err(CallError::too_large(line.len(), limit));
+        }
+        let (answer_tx, answer_rx) = crossbeam_channel::bounded(1);
+        self.pending
+            .register(id.clone(), answer_tx)
+            .map_err(|reason| CallError::connection_closed(&reason))?;
+        if self.outgoing.send(Outgoing::Line(line)).is_err() {
+            self.pending.forget(&id);
+            return Err(self.closed_error());
+        }
+        match answer_rx.recv() {
+            Ok(Ok(result)) => Ok(result),
+            Ok(Err(error)) => Err(CallError::from_rpc(error)),
+            Err(_) => Err(self.closed_error()),
+        }
+    }
+
+    /// **For testing hosts.** Writes `line` as one line (the SDK appends the newline) without
+    /// validating it in any way: not JSON, invalid UTF-8, over the limit — all are written as
+    /// given. A correct harness never needs this.
+    ///
+    /// Blocks only while the outgoing queue is full.
+    ///
+    /// # Errors
+    /// [`SendError::Closed`] when the writer has stopped.
+    pub fn send_raw_line(&self, line: Vec<u8>) -> Result<(), SendError> {
+        self.outgoing
+            .send(Outgoing::Line(line))
+            .map_err(|_| SendError::Closed)
+    }
+
+    /// Blocks until every message queued before this call (from any clone) has been written and
+    /// flushed. May block for as long as Brain does not read.
+    ///
+    /// # Errors
+    /// [`SendError::Closed`] when the writer stopped before reaching this point.
+    pub fn flush(&self) -> Result<(), SendError> {
+        let (ack_tx, ack_rx) = crossbeam_channel::bounded(1);
+        self.outgoing
+            .send(Outgoing::Flush(ack_tx))
+            .map_err(|_| SendError::Closed)?;
+        ack_rx.recv().map_err(|_| SendError::Closed)
+    }
+
+    /// Stops the writer once the messages already queued are written: afterwards every send from
+    /// any clone fails with [`SendError::Closed`] and pending calls fail. Idempotent. Blocks only
+    /// while the outgoing queue is full. The input side is unaffected: requests still arrive until
+    /// Brain closes it.
+    pub fn close(&self) {
+        // An error means the writer has already stopped, which is what we want.
+        let _ = self.outgoing.send(Outgoing::Close);
+    }
+
+    fn send_checked(&self, line: Vec<u8>) -> Result<(), SendError> {
+        let limit = self.outgoing_limit.load(Ordering::Relaxed);
+        if line.len() as u64 > limit {
+            return Err(SendError::TooLong {
+                length: line.len(),
+                limit,
+            });
+        }
+        self.send_raw_line(line)
+    }
+
+    fn closed_error(&self) -> CallError {
+        let reason = self
+            .pending
+            .closed_reason()
+            .unwrap_or_else(|| "the connection's writer stopped".to_owned());
+        CallError::connection_closed(&reason)
+    }
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection")
+            .field("closed", &self.pending.closed_reason())
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,73 @@
+//! The harness's outstanding `brain/call` requests: id → one-shot channel for the answer.
+//!
+//! Kept apart from the transport (as lsp-server's `req_queue.rs` does). Closing is one step under the
+//! lock: it marks the map closed and drops every waiting sender, so each blocked caller wakes at
+//! once, and no caller can register after the close and then wait forever.
+
+use crate::protocol::jsonrpc::{RequestId, Response, RpcError};
+use crossbeam_channel::Sender;
+use parking_lot::Mutex;
+use serde_json::Value;
+use std::collections::HashMap;
+
+/// What a caller receives: the response's outcome.
+pub(crate) type Answer = Result<Value, RpcError>;
+
+#[derive(Default)]
+pub(crate) struct Pending {
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    /// `Some(reason)` once the connection closed; no call may register after that.
+    closed: Option<String>,
+    calls: HashMap<RequestId, Sender<Answer>>,
+}
+
+impl Pending {
+    /// Registers a call. Fails with the close reason when the connection is already closed.
+    pub(crate) fn register(&self, id: RequestId, answer: Sender<Answer>) -> Result<(), String> {
+        let mut state = self.state.lock();
+        if let Some(reason) = &state.closed {
+            return Err(reason.clone());
+        }
+        state.calls.insert(id, answer);
+        Ok(())
+    }
+
+    /// Forgets a call whose request could not be sent.
+    pub(crate) fn forget(&self, id: &RequestId) {
+        self.state.lock().calls.remove(id);
+    }
+
+    /// Hands a response to its caller. Returns the response back when no call has its id (never
+    /// sent, or already answered): a violation for the caller to log.
+    pub(crate) fn complete(&self, response: Response) -> Result<(), Response> {
+        let Some(answer) = self.state.lock().calls.remove(&response.id) else {
+            return Err(response);
+        };
+        // The caller may have stopped waiting only by panicking; nothing to do then.
+        let _ = answer.send(response.outcome);
+        Ok(())
+    }
+
+    /// Marks the map closed (the first reason wins) and fails every waiting call at once.
+    pub(crate) fn close(&self, reason: &str) {
+        let calls = {
+            let mut state = self.state.lock();
+            state.closed.get_or_insert_with(|| reason.to_owned());
+            std::mem::take(&mut state.calls)
+        };
+        if !calls.is_empty() {
+            log::debug!("failing {} pending brain/call(s): {reason}", calls.len());
+        }
+        // Dropping the senders disconnects each caller's receiver, which it reports as closed.
+        drop(calls);
+    }
+
+    /// The reason the connection closed, if it has.
+    pub(crate) fn closed_reason(&self) -> Option<String> {
+        self.state.lock().closed.clone()
+    }
+}
