@@ -1,0 +1,394 @@
+//! brain-fault-harness: a harness that misbehaves on request, for Brain's tests.
+//!
+//! Without flags it is a correct harness (identity `brain-fault-harness`) whose `run` echoes its
+//! params: `{"result":{"echo": <params>}}`. Each flag adds one fault; flags combine. Faults that
+//! the SDK would refuse to produce (garbage, over-long lines) are written raw. Diagnostics go to
+//! stderr only. Unknown arguments print the usage to stderr and exit 2.
+
+use brain::harness::{Activation, Connection, Handler, HandlerError, serve_connection};
+use brain::protocol::harness::{
+    Capabilities, Identity, InitializeParams, InitializeResult, PROTOCOL,
+};
+use nix::sys::signal::{SigSet, Signal};
+use serde_json::{Value, json};
+use std::ffi::OsString;
+use std::fs::OpenOptions;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+const USAGE: &str = "\
+usage: brain-fault-harness [FLAG]...
+  --never-init                   read stdin, answer nothing, exit at stdin EOF
+  --wrong-protocol               answer initialize with protocol brain/harness/v0
+  --init-error                   answer initialize with a JSON-RPC error
+  --init-delay-ms N              wait N ms before answering initialize
+  --crash-after-ms N             exit with status 3 N ms after start
+  --crash-once FILE              with --crash-after-ms: crash only if FILE does not exist (creating it)
+  --garbage N                    after initialize, write N garbage lines (6 kinds, cycling)
+  --invalid-utf8 N               after initialize, write N lines of invalid UTF-8
+  --overlong BYTES               after initialize, write one line of BYTES 'x' bytes
+  --flood                        after initialize, write noise notifications forever
+  --ignore-shutdown              answer shutdown, then never exit (ignores EOF, SIGTERM, SIGINT)
+  --grandchild FILE              spawn `sleep 1000`, write \"<pid> <grandchild pid>\" to FILE
+  --identity NAME                identity.name (default brain-fault-harness)
+  --state-version V              state_version (default 1); {worker} becomes $BRAIN_WORKER
+  --configuration-keys a,b       declare configuration_keys
+  --required-model-metadata a,b  declare required_model_metadata
+  --capability NAME              declare media, transcript_import or fixed_tool_catalogue (repeatable)";
+
+/// Exit status of `--crash-after-ms`.
+const CRASH_STATUS: i32 = 3;
+
+/// Bytes per write of `--overlong`: the line is never held whole.
+const OVERLONG_CHUNK: usize = 64 * 1024;
+
+/// The six kinds of `--garbage` line, in cycling order.
+const GARBAGE: [&[u8]; 6] = [
+    b"this is not json",
+    b"[1,2,3]",
+    b"42",
+    br#"{"id":1,"method":"noise","params":{}}"#,
+    br#"{"jsonrpc":"2.0","id":999999,"result":{}}"#,
+    b"\xff\xfe invalid utf-8 \xc3\x28",
+];
+
+/// One line of `--invalid-utf8`.
+const INVALID_UTF8: &[u8] = b"\xc3\x28\xa0\xa1 not utf-8 \xff";
+
+#[derive(Debug, Default)]
+struct Options {
+    never_init: bool,
+    wrong_protocol: bool,
+    init_error: bool,
+    init_delay: Option<Duration>,
+    crash_after: Option<Duration>,
+    crash_once: Option<PathBuf>,
+    garbage: u64,
+    invalid_utf8: u64,
+    overlong: Option<u64>,
+    flood: bool,
+    ignore_shutdown: bool,
+    grandchild: Option<PathBuf>,
+    identity: Option<String>,
+    state_version: Option<String>,
+    configuration_keys: Option<Vec<String>>,
+    required_model_metadata: Vec<String>,
+    capabilities: Capabilities,
+}
+
+enum Parsed {
+    Run(Box<Options>),
+    Help,
+}
+
+fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Parsed, String> {
+    let mut options = Options::default();
+    let mut args = args.into_iter();
+    while let Some(arg) = args.next() {
+        let arg = arg
+            .into_string()
+            .map_err(|arg| format!("argument is not UTF-8: {arg:?}"))?;
+        let mut value = || -> Result<String, String> {
+            args.next()
+                .ok_or_else(|| format!("{arg} needs a value"))?
+                .into_string()
+                .map_err(|value| format!("the value of {arg} is not UTF-8: {value:?}"))
+        };
+        match arg.as_str() {
+            "-h" | "--help" => return Ok(Parsed::Help),
+            "--never-init" => options.never_init = true,
+            "--wrong-protocol" => options.wrong_protocol = true,
+            "--init-error" => options.init_error = true,
+            "--init-delay-ms" => options.init_delay = Some(millis(&arg, &value()?)?),
+            "--crash-after-ms" => options.crash_after = Some(millis(&arg, &value()?)?),
+            "--crash-once" => options.crash_once = Some(PathBuf::from(value()?)),
+            "--garbage" => options.garbage = number(&arg, &value()?)?,
+            "--invalid-utf8" => options.invalid_utf8 = number(&arg, &value()?)?,
+            "--overlong" => options.overlong = Some(number(&arg, &value()?)?),
+            "--flood" => options.flood = true,
+            "--ignore-shutdown" => options.ignore_shutdown = true,
+            "--grandchild" => options.grandchild = Some(PathBuf::from(value()?)),
+            "--identity" => options.identity = Some(value()?),
+            "--state-version" => options.state_version = Some(value()?),
+            "--configuration-keys" => options.configuration_keys = Some(list(&value()?)),
+            "--required-model-metadata" => options.required_model_metadata = list(&value()?),
+            "--capability" => match value()?.as_str() {
+                "media" => options.capabilities.media = true,
+                "transcript_import" => options.capabilities.transcript_import = true,
+                "fixed_tool_catalogue" => options.capabilities.fixed_tool_catalogue = true,
+                other => return Err(format!("unknown capability: {other}")),
+            },
+            other => return Err(format!("unknown argument: {other}")),
+        }
+    }
+    if options.crash_once.is_some() && options.crash_after.is_none() {
+        return Err("--crash-once needs --crash-after-ms".to_owned());
+    }
+    Ok(Parsed::Run(Box::new(options)))
+}
+
+fn number(flag: &str, value: &str) -> Result<u64, String> {
+    value
+        .parse()
+        .map_err(|_| format!("{flag} needs a non-negative integer, not {value:?}"))
+}
+
+fn millis(flag: &str, value: &str) -> Result<Duration, String> {
+    number(flag, value).map(Duration::from_millis)
+}
+
+fn list(value: &str) -> Vec<String> {
+    value
+        .split(',')
+        .filter(|item| !item.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+fn main() -> ExitCode {
+    let started = Instant::now();
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"))
+        .target(env_logger::Target::Stderr)
+        .init();
+    let options = match parse(std::env::args_os().skip(1)) {
+        Ok(Parsed::Run(options)) => options,
+        Ok(Parsed::Help) => {
+            eprintln!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Err(message) => {
+            eprintln!("brain-fault-harness: {message}\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    if options.ignore_shutdown {
+        // Blocked before any thread starts, so every thread inherits the mask and the signals stay
+        // pending forever. Children get a clean mask: std resets it at exec.
+        let signals = SigSet::from_iter([Signal::SIGTERM, Signal::SIGINT]);
+        if let Err(error) = signals.thread_block() {
+            eprintln!("brain-fault-harness: blocking SIGTERM and SIGINT failed: {error}");
+            return ExitCode::FAILURE;
+        }
+    }
+    if let Some(file) = &options.grandchild
+        && let Err(error) = spawn_grandchild(file)
+    {
+        eprintln!(
+            "brain-fault-harness: --grandchild {}: {error}",
+            file.display()
+        );
+        return ExitCode::FAILURE;
+    }
+    if let Some(after) = options.crash_after {
+        let deadline = started + after;
+        let once = options.crash_once.clone();
+        let timer = thread::Builder::new()
+            .name("fault-crash".into())
+            .spawn(move || crash_at(deadline, once.as_deref()));
+        if let Err(error) = timer {
+            eprintln!("brain-fault-harness: starting the crash timer failed: {error}");
+            return ExitCode::FAILURE;
+        }
+    }
+    let ignore_shutdown = options.ignore_shutdown;
+    let status = if options.never_init {
+        never_init()
+    } else {
+        serve_faults(*options)
+    };
+    if ignore_shutdown {
+        eprintln!("brain-fault-harness: stdin closed; ignoring it (--ignore-shutdown)");
+        loop {
+            thread::park();
+        }
+    }
+    status
+}
+
+/// `--never-init`: swallow stdin until EOF, answer nothing.
+fn never_init() -> ExitCode {
+    match io::copy(&mut io::stdin().lock(), &mut io::sink()) {
+        Ok(_) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("brain-fault-harness: reading stdin failed: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn serve_faults(options: Options) -> ExitCode {
+    let (connection, threads) = match Connection::stdio() {
+        Ok(pair) => pair,
+        Err(error) => {
+            eprintln!("brain-fault-harness: starting the connection failed: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    serve_connection(&connection, &Fault { options });
+    connection.close();
+    drop(connection);
+    match threads.join() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("brain-fault-harness: reading stdin failed: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `--crash-after-ms` (with `--crash-once`): exit 3 at `deadline`, whatever is going on.
+fn crash_at(deadline: Instant, once: Option<&Path>) {
+    thread::sleep(deadline.saturating_duration_since(Instant::now()));
+    if let Some(file) = once {
+        match OpenOptions::new().write(true).create_new(true).open(file) {
+            Ok(_) => {}
+            Err(error) if error.kind() == io::ErrorKind::AlreadyExists => {
+                eprintln!(
+                    "brain-fault-harness: --crash-once {} exists; not crashing",
+                    file.display()
+                );
+                return;
+            }
+            Err(error) => eprintln!(
+                "brain-fault-harness: --crash-once: creating {} failed ({error}); crashing anyway",
+                file.display()
+            ),
+        }
+    }
+    eprintln!("brain-fault-harness: crashing with status {CRASH_STATUS} (--crash-after-ms)");
+    std::process::exit(CRASH_STATUS);
+}
+
+/// `--grandchild FILE`: start `sleep 1000` in our process group and record both pids atomically.
+fn spawn_grandchild(file: &Path) -> io::Result<()> {
+    let mut child = Command::new("sleep")
+        .arg("1000")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let pids = format!("{} {}\n", std::process::id(), child.id());
+    let mut temporary = file.as_os_str().to_owned();
+    temporary.push(".tmp");
+    let temporary = PathBuf::from(temporary);
+    std::fs::write(&temporary, pids)?;
+    std::fs::rename(&temporary, file)?;
+    // Reap the grandchild if it ever exits while we live; when we die first, init adopts it.
+    thread::Builder::new()
+        .name("fault-grandchild".into())
+        .spawn(move || child.wait())?;
+    Ok(())
+}
+
+/// The handler: correct by default, faulty where the options say so.
+struct Fault {
+    options: Options,
+}
+
+impl Handler for Fault {
+    fn initialize(&self, _: &InitializeParams) -> Result<InitializeResult, HandlerError> {
+        let options = &self.options;
+        if let Some(delay) = options.init_delay {
+            thread::sleep(delay);
+        }
+        if options.init_error {
+            return Err(HandlerError::harness("initialize refused (--init-error)"));
+        }
+        let protocol = if options.wrong_protocol {
+            "brain/harness/v0"
+        } else {
+            PROTOCOL
+        };
+        let worker = std::env::var("BRAIN_WORKER").unwrap_or_default();
+        let state_version = options
+            .state_version
+            .as_deref()
+            .unwrap_or("1")
+            .replace("{worker}", &worker);
+        Ok(InitializeResult {
+            protocol: protocol.to_owned(),
+            identity: Identity {
+                name: options
+                    .identity
+                    .clone()
+                    .unwrap_or_else(|| "brain-fault-harness".to_owned()),
+                version: env!("CARGO_PKG_VERSION").to_owned(),
+            },
+            state_version,
+            capabilities: options.capabilities.clone(),
+            configuration_keys: options.configuration_keys.clone(),
+            required_model_metadata: options.required_model_metadata.clone(),
+        })
+    }
+
+    fn initialized(&self, connection: &Connection) {
+        let options = &self.options;
+        let garbage = GARBAGE.iter().cycle().take(saturate(options.garbage));
+        let invalid = std::iter::repeat_n(INVALID_UTF8, saturate(options.invalid_utf8));
+        for line in garbage.copied().chain(invalid) {
+            if connection.send_raw_line(line.to_vec()).is_err() {
+                return;
+            }
+        }
+        if let Some(bytes) = options.overlong
+            && let Err(error) = write_overlong(connection, bytes)
+        {
+            eprintln!("brain-fault-harness: --overlong: {error}");
+            return;
+        }
+        if options.flood {
+            let connection = connection.clone();
+            let flood = thread::Builder::new()
+                .name("fault-flood".into())
+                .spawn(move || flood(&connection));
+            if let Err(error) = flood {
+                eprintln!("brain-fault-harness: --flood: starting the thread failed: {error}");
+            }
+        }
+    }
+
+    fn run(&self, activation: &Activation) -> Result<Option<Value>, HandlerError> {
+        Ok(Some(json!({ "echo": activation.params() })))
+    }
+
+    fn shutdown(&self) {
+        if self.options.ignore_shutdown {
+            eprintln!("brain-fault-harness: shutdown answered; not exiting (--ignore-shutdown)");
+        }
+    }
+}
+
+fn saturate(count: u64) -> usize {
+    usize::try_from(count).unwrap_or(usize::MAX)
+}
+
+/// `--overlong`: one line of `bytes` 'x' bytes written straight to stdout, in chunks. Everything
+/// the SDK queued before is flushed first; holding stdout's lock keeps SDK lines out of the middle.
+fn write_overlong(connection: &Connection, bytes: u64) -> io::Result<()> {
+    connection.flush().map_err(io::Error::other)?;
+    let chunk = vec![b'x'; OVERLONG_CHUNK];
+    let mut out = io::stdout().lock();
+    let mut left = bytes;
+    while left > 0 {
+        let n = usize::try_from(left).map_or(OVERLONG_CHUNK, |left| left.min(OVERLONG_CHUNK));
+        out.write_all(&chunk[..n])?;
+        left -= n as u64;
+    }
+    out.write_all(b"\n")?;
+    out.flush()
+}
+
+/// `--flood`: valid notifications as fast as the pipe takes them, until the writer stops.
+fn flood(connection: &Connection) {
+    let mut n: u64 = 0;
+    loop {
+        let line = format!(r#"{{"jsonrpc":"2.0","method":"noise","params":{{"n":{n}}}}}"#);
+        if connection.send_raw_line(line.into_bytes()).is_err() {
+            return;
+        }
+        n = n.wrapping_add(1);
+    }
+}

@@ -1,0 +1,834 @@
+//! The harness SDK and the two harness binaries, over real pipes.
+//!
+//! The binaries run as real processes (each in its own process group, killed with the group when
+//! the test ends, also on panic); the SDK's serve loop runs in-process over OS pipes where a test
+//! needs a handler of its own. Every read has a deadline; nothing sleeps to synchronise.
+
+use brain::harness::{Activation, CallError, Connection, Handler, HandlerError, serve_connection};
+use brain::protocol::harness::{
+    Capabilities, Identity, InitializeParams, InitializeResult, PROTOCOL,
+};
+use brain::protocol::jsonrpc::{self, Message, RequestId, Violation};
+use crossbeam_channel::{Receiver, RecvTimeoutError};
+use nix::sys::signal::{Signal, kill, killpg};
+use nix::unistd::Pid;
+use serde_json::{Value, json};
+use std::io::{BufRead, BufReader, PipeWriter, Read, Write};
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// The longest any single expected event may take.
+const DEADLINE: Duration = Duration::from_secs(20);
+
+const REFERENCE: &str = env!("CARGO_BIN_EXE_brain-reference-harness");
+const FAULT: &str = env!("CARGO_BIN_EXE_brain-fault-harness");
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+
+/// The lines of a stream, read on a thread. The channel disconnects at end of stream.
+struct Lines {
+    rx: Receiver<Vec<u8>>,
+}
+
+impl Lines {
+    /// `capacity: None` is unbounded (stderr, which must never block the child).
+    fn spawn(reader: impl Read + Send + 'static, capacity: Option<usize>) -> Lines {
+        let (tx, rx) = match capacity {
+            Some(capacity) => crossbeam_channel::bounded(capacity),
+            None => crossbeam_channel::unbounded(),
+        };
+        thread::spawn(move || {
+            let mut reader = BufReader::new(reader);
+            loop {
+                let mut line = Vec::new();
+                match reader.read_until(b'\n', &mut line) {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => {
+                        if line.last() == Some(&b'\n') {
+                            line.pop();
+                        }
+                        if tx.send(line).is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+        });
+        Lines { rx }
+    }
+
+    /// The next line; panics at end of stream or after the deadline.
+    fn next(&self) -> Vec<u8> {
+        match self.rx.recv_timeout(DEADLINE) {
+            Ok(line) => line,
+            Err(RecvTimeoutError::Timeout) => panic!("no line within {DEADLINE:?}"),
+            Err(RecvTimeoutError::Disconnected) => panic!("the stream ended"),
+        }
+    }
+
+    /// The next line, parsed as JSON.
+    fn json(&self) -> Value {
+        let line = self.next();
+        serde_json::from_slice(&line)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&line)))
+    }
+
+    /// The response with `id`, skipping notifications (e.g. `--flood` noise) on the way.
+    fn response(&self, id: Value) -> Value {
+        let begin = Instant::now();
+        loop {
+            assert!(
+                begin.elapsed() < DEADLINE,
+                "no response {id} within {DEADLINE:?}"
+            );
+            let message = self.json();
+            if message.get("method").is_none() && message["id"] == id {
+                return message;
+            }
+            assert!(
+                message.get("id").is_none(),
+                "unexpected message while waiting for {id}: {message}"
+            );
+        }
+    }
+
+    /// Waits for the end of the stream, returning the lines seen before it.
+    fn until_eof(&self) -> Vec<Vec<u8>> {
+        let mut lines = Vec::new();
+        loop {
+            match self.rx.recv_timeout(DEADLINE) {
+                Ok(line) => lines.push(line),
+                Err(RecvTimeoutError::Disconnected) => return lines,
+                Err(RecvTimeoutError::Timeout) => panic!("the stream did not end"),
+            }
+        }
+    }
+
+    /// Waits for a line containing `needle`.
+    fn find(&self, needle: &str) -> String {
+        loop {
+            let line = String::from_utf8_lossy(&self.next()).into_owned();
+            if line.contains(needle) {
+                return line;
+            }
+        }
+    }
+}
+
+/// A harness process in its own process group; the whole group is killed on drop, unless the
+/// test reaped the process (its pid, and so its group id, could have been reused since).
+struct Proc {
+    child: Child,
+    reaped: bool,
+    stdin: Option<ChildStdin>,
+    out: Lines,
+    err: Lines,
+}
+
+impl Proc {
+    fn spawn(program: &str, args: &[&str]) -> Proc {
+        Proc::spawn_with_env(program, args, &[])
+    }
+
+    fn spawn_with_env(program: &str, args: &[&str], env: &[(&str, &str)]) -> Proc {
+        let mut child = Command::new(program)
+            .args(args)
+            .envs(env.iter().copied())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .expect("spawn the harness");
+        let out = Lines::spawn(child.stdout.take().unwrap(), Some(256));
+        let err = Lines::spawn(child.stderr.take().unwrap(), None);
+        Proc {
+            stdin: child.stdin.take(),
+            child,
+            reaped: false,
+            out,
+            err,
+        }
+    }
+
+    fn send(&mut self, message: &Value) {
+        let mut line = serde_json::to_vec(message).unwrap();
+        line.push(b'\n');
+        let stdin = self.stdin.as_mut().expect("stdin is open");
+        stdin.write_all(&line).unwrap();
+        stdin.flush().unwrap();
+    }
+
+    fn request(&mut self, id: i64, method: &str, params: Value) {
+        self.send(&json!({"jsonrpc":"2.0","id":id,"method":method,"params":params}));
+    }
+
+    /// Sends `initialize` as id 1 and returns the answer.
+    fn initialize(&mut self) -> Value {
+        self.request(1, "initialize", initialize_params());
+        self.out.response(json!(1))
+    }
+
+    fn close_stdin(&mut self) {
+        self.stdin = None;
+    }
+
+    fn pid(&self) -> i32 {
+        i32::try_from(self.child.id()).unwrap()
+    }
+
+    /// Waits for the process to exit. Call it only once its stdout has ended.
+    fn wait(&mut self) -> ExitStatus {
+        let status = self.child.wait().unwrap();
+        self.reaped = true;
+        status
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if !self.reaped {
+            let _ = killpg(Pid::from_raw(self.pid()), Signal::SIGKILL);
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn initialize_params() -> Value {
+    json!({
+        "protocol": PROTOCOL, "brain": {"name": "brain", "version": "0.1.0"},
+        "registration": "test", "worker": 0, "configuration": {},
+        "state_root": "/tmp/brain-test", "max_concurrency": 8, "max_line_bytes": 16_777_216
+    })
+}
+
+fn run_params(session_id: &str, sequence: u64, input: Value) -> Value {
+    json!({"session_id": session_id, "sequence": sequence, "input": {"input": input}})
+}
+
+/// A path in the temp directory that no other test (or run) uses.
+fn temp_path(name: &str) -> PathBuf {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    std::env::temp_dir().join(format!(
+        "brain-harness-sdk-{}-{nanos}-{name}",
+        std::process::id()
+    ))
+}
+
+/// A handler whose `run` is a closure, for in-process tests.
+struct FnHandler<F>(F);
+
+impl<F> Handler for FnHandler<F>
+where
+    F: Fn(&Activation) -> Result<Option<Value>, HandlerError> + Sync,
+{
+    fn initialize(&self, _: &InitializeParams) -> Result<InitializeResult, HandlerError> {
+        Ok(InitializeResult {
+            protocol: PROTOCOL.to_owned(),
+            identity: Identity {
+                name: "in-process".into(),
+                version: "0".into(),
+            },
+            state_version: "1".into(),
+            capabilities: Capabilities::default(),
+            configuration_keys: None,
+            required_model_metadata: Vec::new(),
+        })
+    }
+
+    fn run(&self, activation: &Activation) -> Result<Option<Value>, HandlerError> {
+        (self.0)(activation)
+    }
+}
+
+/// The SDK's serve loop on a thread, over two OS pipes; the test plays Brain.
+struct InProcess {
+    to_harness: Option<PipeWriter>,
+    out: Lines,
+    served: Receiver<std::io::Result<()>>,
+}
+
+impl InProcess {
+    fn start<F>(run: F) -> InProcess
+    where
+        F: Fn(&Activation) -> Result<Option<Value>, HandlerError> + Sync + Send + 'static,
+    {
+        let (harness_reads, to_harness) = std::io::pipe().unwrap();
+        let (from_harness, harness_writes) = std::io::pipe().unwrap();
+        let (connection, threads) =
+            Connection::new(harness_reads, harness_writes, 1 << 20).unwrap();
+        let (served_tx, served) = crossbeam_channel::bounded(1);
+        thread::spawn(move || {
+            serve_connection(&connection, &FnHandler(run));
+            connection.close();
+            drop(connection);
+            let _ = served_tx.send(threads.join());
+        });
+        InProcess {
+            to_harness: Some(to_harness),
+            out: Lines::spawn(from_harness, Some(256)),
+            served,
+        }
+    }
+
+    fn send(&mut self, message: &Value) {
+        let mut line = serde_json::to_vec(message).unwrap();
+        line.push(b'\n');
+        let pipe = self.to_harness.as_mut().expect("input is open");
+        pipe.write_all(&line).unwrap();
+    }
+
+    fn request(&mut self, id: i64, method: &str, params: Value) {
+        self.send(&json!({"jsonrpc":"2.0","id":id,"method":method,"params":params}));
+    }
+
+    /// Closes the harness's input and waits for the serve loop to end cleanly.
+    fn finish(mut self) -> Vec<Vec<u8>> {
+        self.to_harness = None;
+        let rest = self.out.until_eof();
+        let served = self
+            .served
+            .recv_timeout(DEADLINE)
+            .expect("the serve loop ended");
+        served.expect("the reader ended cleanly");
+        rest
+    }
+}
+
+fn error_code(answer: &Value) -> &str {
+    answer["error"]["data"]["code"]
+        .as_str()
+        .unwrap_or_else(|| panic!("not an error answer with data.code: {answer}"))
+}
+
+// ---------------------------------------------------------------------------------------------
+// The reference harness
+
+#[test]
+fn reference_harness_answers_initialize() {
+    let mut harness = Proc::spawn(REFERENCE, &[]);
+    let answer = harness.initialize();
+    assert_eq!(answer["jsonrpc"], "2.0");
+    let result = &answer["result"];
+    assert_eq!(result["protocol"], PROTOCOL);
+    assert_eq!(result["identity"]["name"], "brain-reference-harness");
+    assert_eq!(result["identity"]["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(result["state_version"], "1");
+    assert_eq!(result["capabilities"]["transcript_import"], true);
+    let typed: InitializeResult = serde_json::from_value(result.clone()).unwrap();
+    assert!(typed.capabilities.transcript_import);
+}
+
+#[test]
+fn reference_harness_echoes_runs_and_answers_the_other_methods() {
+    let mut harness = Proc::spawn(REFERENCE, &[]);
+    harness.initialize();
+
+    let input = json!({"content": [{"type": "text", "text": "hello"}]});
+    harness.request(2, "run", run_params("ses_a", 3, input.clone()));
+    let answer = harness.out.response(json!(2));
+    assert_eq!(answer["result"], json!({"result": {"echo": input}}));
+
+    harness.request(3, "run", json!({"session_id": "ses_b", "sequence": 4}));
+    assert_eq!(
+        harness.out.response(json!(3))["result"],
+        json!({"result": {"echo": null}})
+    );
+
+    harness.request(4, "run", json!({"session_id": "ses_c"}));
+    let answer = harness.out.response(json!(4));
+    assert_eq!(answer["error"]["code"], -32602);
+    assert_eq!(error_code(&answer), "invalid_input");
+
+    harness.request(5, "no/such/method", json!({}));
+    let answer = harness.out.response(json!(5));
+    assert_eq!(answer["error"]["code"], -32601);
+    assert_eq!(error_code(&answer), "unknown_method");
+
+    harness.request(6, "cancel", json!({"session_id": "ses_zz", "sequence": 1}));
+    assert_eq!(harness.out.response(json!(6))["result"], json!({}));
+    harness.request(
+        7,
+        "close",
+        json!({"session_id": "ses_a", "reason": "closed"}),
+    );
+    assert_eq!(harness.out.response(json!(7))["result"], json!({}));
+    harness.request(8, "shutdown", json!({}));
+    assert_eq!(harness.out.response(json!(8))["result"], json!({}));
+
+    harness.close_stdin();
+    assert!(harness.out.until_eof().is_empty());
+    assert!(harness.wait().success());
+}
+
+// ---------------------------------------------------------------------------------------------
+// The SDK in-process: cancel and brain/call
+
+#[test]
+fn cancel_of_a_running_activation_answers_cancelled() {
+    let hook_ran = Arc::new(AtomicBool::new(false));
+    let hook = hook_ran.clone();
+    let mut brain = InProcess::start(move |activation| {
+        let hook = hook.clone();
+        activation
+            .cancel_token()
+            .on_cancel(move || hook.store(true, Ordering::SeqCst));
+        if activation
+            .cancel_token()
+            .wait_timeout(Duration::from_secs(120))
+        {
+            Err(HandlerError::cancelled())
+        } else {
+            Ok(None)
+        }
+    });
+    brain.request(1, "initialize", initialize_params());
+    assert_eq!(brain.out.response(json!(1))["result"]["protocol"], PROTOCOL);
+
+    brain.request(2, "run", run_params("ses_a", 5, json!(null)));
+    brain.request(3, "cancel", json!({"session_id": "ses_a", "sequence": 5}));
+    let first = brain.out.json();
+    let second = brain.out.json();
+    let (cancel, run) = if first["id"] == 3 {
+        (first, second)
+    } else {
+        (second, first)
+    };
+    assert_eq!(cancel["id"], 3);
+    assert_eq!(cancel["result"], json!({}));
+    assert_eq!(run["id"], 2);
+    assert_eq!(run["error"]["code"], -32000);
+    assert_eq!(error_code(&run), "cancelled");
+    assert!(hook_ran.load(Ordering::SeqCst));
+
+    // Idempotent: the same cancel again, and one for a session nobody runs.
+    brain.request(4, "cancel", json!({"session_id": "ses_a", "sequence": 5}));
+    assert_eq!(brain.out.response(json!(4))["result"], json!({}));
+    brain.request(
+        5,
+        "cancel",
+        json!({"session_id": "ses_nobody", "sequence": 1}),
+    );
+    assert_eq!(brain.out.response(json!(5))["result"], json!({}));
+    assert!(brain.finish().is_empty());
+}
+
+#[test]
+fn brain_call_blocks_until_brain_answers() {
+    let mut brain = InProcess::start(|activation| {
+        let value = activation.call("kv.get", json!({"key": "plan"}))?;
+        Ok(Some(
+            json!({"kv": value, "cancelled": activation.is_cancelled()}),
+        ))
+    });
+    brain.request(7, "run", run_params("ses_x", 12, json!(null)));
+
+    let call = brain.out.json();
+    assert_eq!(call["jsonrpc"], "2.0");
+    assert_eq!(call["method"], "brain/call");
+    assert!(call["id"].is_string(), "the SDK uses string ids: {call}");
+    assert_eq!(
+        call["params"],
+        json!({"session_id": "ses_x", "sequence": 12, "method": "kv.get", "input": {"key": "plan"}})
+    );
+    // The run's answer depends on this answer, so it cannot have been sent before it.
+    brain.send(&json!({"jsonrpc":"2.0","id":call["id"],"result":{"found":true,"value":"step 2"}}));
+    let answer = brain.out.json();
+    assert_eq!(answer["id"], 7);
+    assert_eq!(
+        answer["result"],
+        json!({"result": {"kv": {"found": true, "value": "step 2"}, "cancelled": false}})
+    );
+    assert!(brain.finish().is_empty());
+}
+
+#[test]
+fn a_fatal_call_error_cancels_the_activation_and_a_plain_one_does_not() {
+    let mut brain = InProcess::start(|activation| {
+        let hook_ran = Arc::new(AtomicBool::new(false));
+        let hook = hook_ran.clone();
+        activation
+            .cancel_token()
+            .on_cancel(move || hook.store(true, Ordering::SeqCst));
+        let describe = |error: CallError| json!({"code": error.code, "fatal": error.fatal, "cancelled": activation.is_cancelled()});
+        let first = activation
+            .call("environments.get", json!({"name": "workspace"}))
+            .map_err(describe)
+            .expect_err("the first call fails");
+        let second = activation
+            .call("model", json!({"messages": []}))
+            .map_err(describe)
+            .expect_err("the second call fails");
+        Ok(Some(json!({
+            "first": first, "second": second, "hook_ran": hook_ran.load(Ordering::SeqCst)
+        })))
+    });
+    brain.request(2, "run", run_params("ses_f", 1, json!(null)));
+
+    let call = brain.out.json();
+    assert_eq!(call["params"]["method"], "environments.get");
+    brain.send(&json!({"jsonrpc":"2.0","id":call["id"],"error":{
+        "code":-32000,"message":"not granted","data":{"code":"not_granted","fatal":false}}}));
+    let call = brain.out.json();
+    assert_eq!(call["params"]["method"], "model");
+    brain.send(&json!({"jsonrpc":"2.0","id":call["id"],"error":{
+        "code":-32000,"message":"cancelled","data":{"code":"cancelled","fatal":true}}}));
+
+    let answer = brain.out.response(json!(2));
+    assert_eq!(
+        answer["result"]["result"],
+        json!({
+            "first": {"code": "not_granted", "fatal": false, "cancelled": false},
+            "second": {"code": "cancelled", "fatal": true, "cancelled": true},
+            "hook_ran": true
+        })
+    );
+    assert!(brain.finish().is_empty());
+}
+
+#[test]
+fn pending_calls_fail_when_the_connection_closes() {
+    let mut brain = InProcess::start(|activation| {
+        let error = activation
+            .call("kv.get", json!({"key": "k"}))
+            .expect_err("the input closes before an answer");
+        Ok(Some(json!({
+            "code": error.code, "fatal": error.fatal, "cancelled": activation.is_cancelled()
+        })))
+    });
+    brain.request(2, "run", run_params("ses_c", 9, json!(null)));
+    let call = brain.out.json();
+    assert_eq!(call["method"], "brain/call");
+
+    // Brain goes away without answering: the call fails at once and the run still answers.
+    let rest = brain.finish();
+    assert_eq!(rest.len(), 1, "only the run answer follows");
+    let answer: Value = serde_json::from_slice(&rest[0]).unwrap();
+    assert_eq!(answer["id"], 2);
+    assert_eq!(
+        answer["result"]["result"],
+        json!({"code": CallError::CONNECTION_CLOSED, "fatal": true, "cancelled": true})
+    );
+}
+
+#[test]
+fn the_low_level_connection_skips_bad_lines_and_fails_calls_after_close() {
+    let (harness_reads, mut to_harness) = std::io::pipe().unwrap();
+    let (from_harness, harness_writes) = std::io::pipe().unwrap();
+    let (connection, threads) = Connection::new(harness_reads, harness_writes, 1024).unwrap();
+    let out = Lines::spawn(from_harness, Some(256));
+
+    let caller = {
+        let connection = connection.clone();
+        thread::spawn(move || connection.call("ses_l", 2, "emit", json!({"type": "x"})))
+    };
+    let call = out.json();
+    assert_eq!(call["method"], "brain/call");
+
+    // Garbage, an over-long line, a response nobody waits for: all skipped, never answered.
+    to_harness.write_all(b"not json\n[1]\n").unwrap();
+    to_harness.write_all(&[b'x'; 4096]).unwrap();
+    to_harness
+        .write_all(b"\n{\"jsonrpc\":\"2.0\",\"id\":\"c999\",\"result\":{}}\n")
+        .unwrap();
+    to_harness
+        .write_all(b"{\"jsonrpc\":\"2.0\",\"id\":5,\"method\":\"cancel\",\"params\":{}}\n")
+        .unwrap();
+    let request = connection
+        .requests()
+        .recv_timeout(DEADLINE)
+        .expect("the request after the bad lines arrives");
+    assert_eq!(request.id, RequestId::Int(5));
+    assert_eq!(request.method, "cancel");
+    connection.respond(&request.id, &json!({})).unwrap();
+    assert_eq!(out.json(), json!({"jsonrpc":"2.0","id":5,"result":{}}));
+
+    // Brain closes the harness's input with the call still pending.
+    drop(to_harness);
+    let error = caller.join().unwrap().expect_err("the pending call fails");
+    assert_eq!(error.code, CallError::CONNECTION_CLOSED);
+    assert!(error.fatal);
+    let error = connection
+        .call("ses_l", 2, "emit", json!({}))
+        .expect_err("a later call fails at once");
+    assert_eq!(error.code, CallError::CONNECTION_CLOSED);
+
+    // An answer over the outgoing limit is refused before it reaches the pipe.
+    connection.set_max_outgoing_line_bytes(64);
+    let big = json!({"padding": "y".repeat(100)});
+    assert!(matches!(
+        connection.respond(&RequestId::Int(1), &big),
+        Err(brain::harness::SendError::TooLong { .. })
+    ));
+
+    connection.close();
+    drop(connection);
+    assert!(out.until_eof().is_empty());
+    threads.join().unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// The fault harness
+
+#[test]
+fn fault_harness_default_is_a_correct_echo_harness() {
+    let mut harness = Proc::spawn(FAULT, &[]);
+    let answer = harness.initialize();
+    assert_eq!(answer["result"]["protocol"], PROTOCOL);
+    assert_eq!(answer["result"]["identity"]["name"], "brain-fault-harness");
+    assert_eq!(answer["result"]["state_version"], "1");
+
+    let params = run_params("ses_d", 1, json!("hi"));
+    harness.request(2, "run", params.clone());
+    assert_eq!(
+        harness.out.response(json!(2))["result"],
+        json!({"result": {"echo": params}})
+    );
+    for (id, method, params) in [
+        (3, "cancel", json!({"session_id": "ses_d", "sequence": 1})),
+        (
+            4,
+            "close",
+            json!({"session_id": "ses_d", "reason": "passivated"}),
+        ),
+        (5, "shutdown", json!({})),
+    ] {
+        harness.request(id, method, params);
+        assert_eq!(harness.out.response(json!(id))["result"], json!({}));
+    }
+    harness.close_stdin();
+    assert!(harness.out.until_eof().is_empty());
+    assert!(harness.wait().success());
+}
+
+#[test]
+fn fault_harness_wrong_protocol() {
+    let mut harness = Proc::spawn(FAULT, &["--wrong-protocol"]);
+    assert_eq!(
+        harness.initialize()["result"]["protocol"],
+        "brain/harness/v0"
+    );
+}
+
+#[test]
+fn fault_harness_init_error_and_delay() {
+    let mut harness = Proc::spawn(FAULT, &["--init-error"]);
+    let answer = harness.initialize();
+    assert_eq!(answer["error"]["code"], -32000);
+    assert_eq!(error_code(&answer), "harness_error");
+
+    let begin = Instant::now();
+    let mut harness = Proc::spawn(FAULT, &["--init-delay-ms", "150"]);
+    assert_eq!(harness.initialize()["result"]["protocol"], PROTOCOL);
+    assert!(begin.elapsed() >= Duration::from_millis(150));
+}
+
+#[test]
+fn fault_harness_identity_flags() {
+    let mut harness = Proc::spawn_with_env(
+        FAULT,
+        &[
+            "--identity",
+            "other",
+            "--state-version",
+            "v{worker}",
+            "--configuration-keys",
+            "thinking,compact_at",
+            "--required-model-metadata",
+            "context_window",
+            "--capability",
+            "media",
+            "--capability",
+            "fixed_tool_catalogue",
+        ],
+        &[("BRAIN_WORKER", "3")],
+    );
+    let result = &harness.initialize()["result"];
+    assert_eq!(result["identity"]["name"], "other");
+    assert_eq!(result["state_version"], "v3");
+    assert_eq!(
+        result["configuration_keys"],
+        json!(["thinking", "compact_at"])
+    );
+    assert_eq!(result["required_model_metadata"], json!(["context_window"]));
+    assert_eq!(
+        result["capabilities"],
+        json!({"media": true, "transcript_import": false, "fixed_tool_catalogue": true})
+    );
+}
+
+#[test]
+fn fault_harness_refuses_unknown_arguments() {
+    let mut harness = Proc::spawn(FAULT, &["--no-such-flag"]);
+    let usage = harness.err.until_eof();
+    assert!(usage.iter().any(|line| line.starts_with(b"usage:")));
+    assert!(harness.out.until_eof().is_empty());
+    assert_eq!(harness.wait().code(), Some(2));
+}
+
+#[test]
+fn fault_harness_never_init_answers_nothing_and_exits_at_eof() {
+    let mut harness = Proc::spawn(FAULT, &["--never-init"]);
+    harness.request(1, "initialize", initialize_params());
+    harness.close_stdin();
+    assert!(harness.out.until_eof().is_empty());
+    assert!(harness.wait().success());
+}
+
+#[test]
+fn fault_harness_garbage_writes_each_kind_of_bad_line() {
+    let mut harness = Proc::spawn(FAULT, &["--garbage", "6"]);
+    harness.initialize();
+    let lines: Vec<Vec<u8>> = (0..6).map(|_| harness.out.next()).collect();
+    let decoded: Vec<_> = lines.iter().map(|line| jsonrpc::decode(line)).collect();
+    assert_eq!(decoded[0], Err(Violation::InvalidJson));
+    assert_eq!(decoded[1], Err(Violation::NotAnObject));
+    assert!(
+        serde_json::from_slice::<Value>(&lines[1])
+            .unwrap()
+            .is_array()
+    );
+    assert_eq!(decoded[2], Err(Violation::NotAnObject));
+    assert!(
+        serde_json::from_slice::<Value>(&lines[2])
+            .unwrap()
+            .is_number()
+    );
+    assert_eq!(decoded[3], Err(Violation::InvalidMessage));
+    assert!(serde_json::from_slice::<Value>(&lines[3]).unwrap()["jsonrpc"].is_null());
+    match &decoded[4] {
+        Ok(Message::Response(response)) => assert_eq!(response.id, RequestId::Int(999_999)),
+        other => panic!("expected a response to 999999, got {other:?}"),
+    }
+    assert_eq!(decoded[5], Err(Violation::InvalidUtf8));
+
+    harness.request(2, "run", run_params("ses_g", 1, json!(null)));
+    assert!(harness.out.json()["result"]["result"]["echo"].is_object());
+}
+
+#[test]
+fn fault_harness_invalid_utf8_lines() {
+    let mut harness = Proc::spawn(FAULT, &["--invalid-utf8", "3"]);
+    harness.initialize();
+    for _ in 0..3 {
+        assert_eq!(
+            jsonrpc::decode(&harness.out.next()),
+            Err(Violation::InvalidUtf8)
+        );
+    }
+    harness.request(2, "run", run_params("ses_u", 1, json!(null)));
+    assert_eq!(harness.out.json()["id"], 2);
+}
+
+#[test]
+fn fault_harness_overlong_line_then_carries_on() {
+    let mut harness = Proc::spawn(FAULT, &["--overlong", "1048576"]);
+    harness.initialize();
+    let line = harness.out.next();
+    assert_eq!(line.len(), 1_048_576);
+    assert!(line.iter().all(|&b| b == b'x'));
+    harness.request(2, "run", run_params("ses_o", 1, json!("after")));
+    let answer = harness.out.json();
+    assert_eq!(answer["id"], 2);
+    assert_eq!(
+        answer["result"]["result"]["echo"]["input"]["input"],
+        "after"
+    );
+}
+
+#[test]
+fn fault_harness_flood_still_serves_requests() {
+    let mut harness = Proc::spawn(FAULT, &["--flood"]);
+    harness.initialize();
+    let noise = harness.out.json();
+    assert_eq!(noise["method"], "noise");
+    assert!(noise.get("id").is_none());
+    harness.request(2, "run", run_params("ses_n", 1, json!(null)));
+    assert_eq!(
+        harness.out.response(json!(2))["result"]["result"]["echo"]["session_id"],
+        "ses_n"
+    );
+}
+
+#[test]
+fn fault_harness_grandchild_writes_both_pids() {
+    let file = temp_path("pids");
+    let mut harness = Proc::spawn(FAULT, &["--grandchild", file.to_str().unwrap()]);
+    // The pid file is written before the harness serves, so the initialize answer orders it.
+    harness.initialize();
+    let text = std::fs::read_to_string(&file).expect("the pid file exists");
+    let mut tmp = file.clone().into_os_string();
+    tmp.push(".tmp");
+    assert!(
+        !PathBuf::from(tmp).exists(),
+        "written via a renamed temp file"
+    );
+    let _ = std::fs::remove_file(&file);
+    assert!(text.ends_with('\n'));
+    let pids: Vec<i32> = text
+        .split_whitespace()
+        .map(|pid| pid.parse().unwrap())
+        .collect();
+    assert_eq!(pids.len(), 2, "{text:?}");
+    assert_eq!(pids[0], harness.pid());
+    assert_ne!(pids[1], pids[0]);
+    assert!(
+        kill(Pid::from_raw(pids[1]), None).is_ok(),
+        "the grandchild runs"
+    );
+    let group = nix::unistd::getpgid(Some(Pid::from_raw(pids[1]))).unwrap();
+    assert_eq!(group, Pid::from_raw(harness.pid()), "same process group");
+}
+
+#[test]
+fn fault_harness_crash_once_crashes_the_first_worker_only() {
+    let file = temp_path("crashed");
+    let path = file.to_str().unwrap();
+    let mut first = Proc::spawn(FAULT, &["--crash-after-ms", "0", "--crash-once", path]);
+    first.out.until_eof();
+    assert_eq!(first.wait().code(), Some(3));
+    assert!(file.exists());
+
+    let mut second = Proc::spawn(FAULT, &["--crash-after-ms", "0", "--crash-once", path]);
+    second.err.find("not crashing");
+    assert_eq!(second.initialize()["result"]["protocol"], PROTOCOL);
+    let _ = std::fs::remove_file(&file);
+}
+
+#[test]
+fn fault_harness_crash_after_exits_with_status_3() {
+    let begin = Instant::now();
+    let mut harness = Proc::spawn(FAULT, &["--crash-after-ms", "300"]);
+    harness.out.until_eof();
+    assert_eq!(harness.wait().code(), Some(3));
+    assert!(begin.elapsed() >= Duration::from_millis(300));
+}
+
+#[test]
+fn fault_harness_ignore_shutdown_outlives_eof_and_signals() {
+    let mut harness = Proc::spawn(FAULT, &["--ignore-shutdown"]);
+    harness.initialize();
+    harness.request(2, "shutdown", json!({}));
+    assert_eq!(harness.out.response(json!(2))["result"], json!({}));
+    harness.close_stdin();
+    harness.err.find("ignoring it");
+    kill(Pid::from_raw(harness.pid()), Signal::SIGTERM).unwrap();
+    kill(Pid::from_raw(harness.pid()), Signal::SIGINT).unwrap();
+    // A negative check needs a bound: the process must not exit (its stdout must stay open).
+    assert_eq!(
+        harness.out.rx.recv_timeout(Duration::from_millis(500)),
+        Err(RecvTimeoutError::Timeout)
+    );
+    let exited = harness.child.try_wait().unwrap();
+    harness.reaped = exited.is_some();
+    assert_eq!(exited, None, "the harness must still run");
+}
