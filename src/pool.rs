@@ -23,7 +23,8 @@ use crate::status::{
 };
 use crate::timer::Timer;
 use crate::worker::process::{Exit, SpawnSpec};
-use crate::worker::{self, Limits, Running, WorkerEvent, WorkerKey, WorkerLabel};
+use crate::worker::violations::ViolationWindow;
+use crate::worker::{self, Running, WorkerEvent, WorkerKey, WorkerLabel};
 use crossbeam_channel::Sender;
 use serde_json::{Value, json};
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -93,6 +94,7 @@ struct Live {
     incoming: HashSet<RequestId>,
     /// Set once the slot is being taken down: why.
     failing: Option<FailureReason>,
+    violations: ViolationWindow,
 }
 
 /// The outcome of startup: `Ok` once every slot settled and the declarations agree.
@@ -227,10 +229,7 @@ impl Pool {
                             initialized: slot.initialized.clone(),
                             init_latency_ms: slot.init_latency.map(|d| d.as_secs_f64() * 1e3),
                             last_failure: slot.last_failure.clone(),
-                            violations: slot
-                                .live
-                                .as_ref()
-                                .map_or(0, |l| l.running.violations.lock().total()),
+                            violations: slot.live.as_ref().map_or(0, |l| l.violations.total()),
                         })
                         .collect(),
                 })
@@ -289,12 +288,13 @@ impl Pool {
         slot.initialized = None;
         slot.init_latency = None;
         let key = self.key(r, s);
-        let limits = Limits {
-            max_line_bytes: self.options.max_line_bytes,
-            violation_limit: self.options.violation_limit,
-            violation_window: self.options.violation_window,
-        };
-        match worker::start(&spec, key, &label, limits, &self.events) {
+        match worker::start(
+            &spec,
+            key,
+            &label,
+            self.options.max_line_bytes,
+            &self.events,
+        ) {
             Ok(running) => {
                 log::info!(
                     "worker {label}: started pid {} ({})",
@@ -309,6 +309,10 @@ impl Pool {
                     pending: HashMap::new(),
                     incoming: HashSet::new(),
                     failing: None,
+                    violations: ViolationWindow::new(
+                        self.options.violation_limit,
+                        self.options.violation_window,
+                    ),
                 });
                 let params = self.initialize_params(r, s);
                 self.send_request(
@@ -413,7 +417,7 @@ impl Pool {
         }
         match event {
             WorkerEvent::Message(message) => self.on_message(key, message),
-            WorkerEvent::Faulty(last) => self.fail(key, FailureReason::Faulty(last)),
+            WorkerEvent::Violation(violation) => self.violation(key, violation, None),
             WorkerEvent::StdoutClosed => self.on_stdout_closed(key),
             WorkerEvent::Exited(exit) => self.on_exit(key, exit),
         }
@@ -480,7 +484,7 @@ impl Pool {
             _ => None,
         };
         match pending {
-            None => self.violation(key, Violation::UnknownResponseId, &response.id),
+            None => self.violation(key, Violation::UnknownResponseId, Some(&response.id)),
             Some(Pending::Initialize) => self.on_initialize_answer(key, response.outcome),
             Some(Pending::Shutdown) => {
                 // The harness released everything; closing stdin tells it to exit.
@@ -496,7 +500,7 @@ impl Pool {
             return;
         };
         if !live.incoming.insert(request.id.clone()) {
-            self.violation(key, Violation::DuplicateId, &request.id);
+            self.violation(key, Violation::DuplicateId, Some(&request.id));
             return;
         }
         let answer = match request.method.as_str() {
@@ -515,13 +519,17 @@ impl Pool {
         self.send_line(key, jsonrpc::encode_error(&request.id, &answer));
     }
 
-    fn violation(&mut self, key: WorkerKey, violation: Violation, id: &RequestId) {
-        let label = self.label(key.registration, key.slot as usize);
-        log::warn!("worker {label}: protocol violation {violation} (id {id})");
+    /// Counts a violation; the reader thread already logged framing violations, id violations
+    /// (which carry the id) are logged here.
+    fn violation(&mut self, key: WorkerKey, violation: Violation, id: Option<&RequestId>) {
+        if let Some(id) = id {
+            let label = self.label(key.registration, key.slot as usize);
+            log::warn!("worker {label}: protocol violation {violation} (id {id})");
+        }
         let tripped = self
             .slot_mut(key)
-            .and_then(|slot| slot.live.as_ref())
-            .is_some_and(|live| live.running.violations.lock().record(Instant::now()));
+            .and_then(|slot| slot.live.as_mut())
+            .is_some_and(|live| live.violations.record(Instant::now()));
         if tripped {
             self.fail(key, FailureReason::Faulty(violation));
         }

@@ -1,11 +1,11 @@
 //! The three I/O threads of a worker: stdout reader, stdin writer, stderr logger.
 //!
-//! Each pipe has one thread that owns it. The reader decodes lines and forwards messages to the
-//! dispatcher's channel; it judges and counts framing violations itself so that a harness
-//! flooding garbage costs the dispatcher nothing. The writer owns stdin and writes what the
-//! dispatcher sends it; dropping its sender closes the harness's stdin.
+//! Each pipe has one thread that owns it. The reader decodes lines (parsing happens here, off the
+//! dispatcher) and forwards messages and violations to the dispatcher's channel, which counts
+//! them: a worker's violations are rate-limited by the faulty rule, so they cost the dispatcher
+//! little. The writer owns stdin and writes what the dispatcher sends it; dropping its sender
+//! closes the harness's stdin.
 
-use super::violations::ViolationWindow;
 use super::{WorkerEvent, WorkerKey, WorkerLabel};
 use crate::protocol::framing::{Frame, LineReader, PREFIX_BYTES};
 use crate::protocol::jsonrpc::{self, Violation};
@@ -14,7 +14,6 @@ use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::io::{self, BufWriter, Read, Write};
 use std::sync::Arc;
-use std::time::Instant;
 
 /// How many bytes of a harness's stderr are kept for error reports.
 pub const STDERR_TAIL_BYTES: usize = 2048;
@@ -22,16 +21,12 @@ pub const STDERR_TAIL_BYTES: usize = 2048;
 /// The longest stderr line Brain logs whole; longer lines are logged truncated.
 const STDERR_LINE_BYTES: usize = 8 * 1024;
 
-/// State shared by a worker's reader thread and the dispatcher: the violation window.
-pub type SharedViolations = Arc<Mutex<ViolationWindow>>;
-
 /// The reader thread's body: reads stdout until EOF or error, then reports `StdoutClosed`.
 pub fn read_stdout(
     stdout: impl Read,
     limit: usize,
     key: WorkerKey,
     label: WorkerLabel,
-    violations: SharedViolations,
     events: Sender<(WorkerKey, WorkerEvent)>,
 ) {
     let mut reader = LineReader::new(stdout, limit);
@@ -58,10 +53,7 @@ pub fn read_stdout(
                 log::warn!(
                     "worker {label}: protocol violation {violation} ({length} bytes): {prefix:?}"
                 );
-                if !violations.lock().record(Instant::now()) {
-                    continue;
-                }
-                WorkerEvent::Faulty(violation)
+                WorkerEvent::Violation(violation)
             }
         };
         if events.send((key, event)).is_err() {

@@ -50,8 +50,8 @@ impl fmt::Display for WorkerLabel {
 pub enum WorkerEvent {
     /// A decoded message from stdout.
     Message(Message),
-    /// Violations crossed the limit; the last one is named.
-    Faulty(Violation),
+    /// A line that could not be used (already logged).
+    Violation(Violation),
     /// Stdout reached end of file or failed.
     StdoutClosed,
     /// The process exited and was reaped (its whole group killed).
@@ -67,19 +67,6 @@ pub struct Running {
     pub stdin: Option<Sender<Vec<u8>>>,
     /// The stderr tail, for error reports.
     pub stderr_tail: Arc<io::StderrTail>,
-    /// The violation window shared with the reader thread.
-    pub violations: io::SharedViolations,
-}
-
-/// Limits the threads need.
-#[derive(Debug, Clone, Copy)]
-pub struct Limits {
-    /// The line limit for stdout.
-    pub max_line_bytes: usize,
-    /// Violations that make a worker faulty.
-    pub violation_limit: usize,
-    /// Their window.
-    pub violation_window: Duration,
 }
 
 /// Spawns the process and its four threads. Events go to `events`, tagged with `key`.
@@ -91,16 +78,12 @@ pub fn start(
     spec: &SpawnSpec,
     key: WorkerKey,
     label: &WorkerLabel,
-    limits: Limits,
+    max_line_bytes: usize,
     events: &Sender<(WorkerKey, WorkerEvent)>,
 ) -> std::io::Result<Running> {
     let spawned = process::spawn(spec)?;
     let process = spawned.handle.clone();
     let stderr_tail = Arc::new(io::StderrTail::default());
-    let violations = Arc::new(parking_lot::Mutex::new(violations::ViolationWindow::new(
-        limits.violation_limit,
-        limits.violation_window,
-    )));
     let (stdin, lines) = crossbeam_channel::unbounded::<Vec<u8>>();
     let (stderr_done, stderr_closed) = crossbeam_channel::bounded::<()>(1);
 
@@ -108,19 +91,9 @@ pub fn start(
         (
             "read",
             Box::new({
-                let (events, label, violations) =
-                    (events.clone(), label.clone(), violations.clone());
+                let (events, label) = (events.clone(), label.clone());
                 let stdout = spawned.stdout;
-                move || {
-                    io::read_stdout(
-                        stdout,
-                        limits.max_line_bytes,
-                        key,
-                        label,
-                        violations,
-                        events,
-                    )
-                }
+                move || io::read_stdout(stdout, max_line_bytes, key, label, events)
             }) as Box<dyn FnOnce() + Send>,
         ),
         (
@@ -166,6 +139,5 @@ pub fn start(
         process,
         stdin: Some(stdin),
         stderr_tail,
-        violations,
     })
 }

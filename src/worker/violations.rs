@@ -5,8 +5,8 @@ use std::time::{Duration, Instant};
 
 /// Counts violations of one worker; `limit` of them within `window` make it faulty.
 ///
-/// Owned by whichever thread saw the violation; the reader thread and the dispatcher share one
-/// behind a small lock (leaf state: nothing else is locked while it is held).
+/// Owned by the dispatcher, which hears of every violation (the reader thread reports framing
+/// violations as events).
 #[derive(Debug)]
 pub struct ViolationWindow {
     limit: usize,
