@@ -132,6 +132,10 @@ fn reserialize_brain_call(value: &Value, coverage: &mut Coverage) -> Result<Valu
 /// Parses `value` as the type named `tag` and serializes it again; the typed check of each tag.
 fn check_type(tag: &str, value: &Value, coverage: &mut Coverage) -> Result<Value, String> {
     match tag {
+        // Registrations are parsed strictly (unknown keys refused), so a typo fails the parse.
+        "Registrations" => brain::Registrations::parse(&value.to_string(), "docs/PROTOCOL.md")
+            .map(|_| value.clone())
+            .map_err(|e| e.to_string()),
         "InitializeParams" => reserialize::<InitializeParams>(value),
         "InitializeResult" => reserialize::<InitializeResult>(value),
         "RunParams" => reserialize::<RunParams>(value),

@@ -35,6 +35,7 @@ usage: brain-fault-harness [FLAG]...
   --grandchild FILE              spawn `sleep 1000`, write \"<pid> <grandchild pid>\" to FILE
   --identity NAME                identity.name (default brain-fault-harness)
   --state-version V              state_version (default 1); {worker} becomes $BRAIN_WORKER
+  --state-version-file FILE      read state_version from FILE at initialize (overrides --state-version)
   --configuration-keys a,b       declare configuration_keys
   --required-model-metadata a,b  declare required_model_metadata
   --capability NAME              declare media, transcript_import or fixed_tool_catalogue (repeatable)";
@@ -74,6 +75,7 @@ struct Options {
     grandchild: Option<PathBuf>,
     identity: Option<String>,
     state_version: Option<String>,
+    state_version_file: Option<PathBuf>,
     configuration_keys: Option<Vec<String>>,
     required_model_metadata: Vec<String>,
     capabilities: Capabilities,
@@ -113,6 +115,7 @@ fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Parsed, String> {
             "--grandchild" => options.grandchild = Some(PathBuf::from(value()?)),
             "--identity" => options.identity = Some(value()?),
             "--state-version" => options.state_version = Some(value()?),
+            "--state-version-file" => options.state_version_file = Some(PathBuf::from(value()?)),
             "--configuration-keys" => options.configuration_keys = Some(list(&value()?)),
             "--required-model-metadata" => options.required_model_metadata = list(&value()?),
             "--capability" => match value()?.as_str() {
@@ -303,9 +306,16 @@ impl Handler for Fault {
             PROTOCOL
         };
         let worker = std::env::var("BRAIN_WORKER").unwrap_or_default();
-        let state_version = options
-            .state_version
+        let from_file = match &options.state_version_file {
+            Some(file) => Some(std::fs::read_to_string(file).map_err(|error| {
+                HandlerError::harness(format!("--state-version-file {}: {error}", file.display()))
+            })?),
+            None => None,
+        };
+        let state_version = from_file
             .as_deref()
+            .map(str::trim)
+            .or(options.state_version.as_deref())
             .unwrap_or("1")
             .replace("{worker}", &worker);
         Ok(InitializeResult {

@@ -1,0 +1,176 @@
+//! The `brain` binary's commands, run as a user would run them.
+
+mod common;
+
+use common::*;
+use std::process::Command;
+
+fn brain(args: &[&str]) -> std::process::Output {
+    run_bounded(
+        Command::new(BRAIN)
+            .args(args)
+            .env_remove("BRAIN_AGENTLOOPS"),
+    )
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+fn check_reports_every_worker_and_exits_zero_when_ready() {
+    let registrations = serde_json::json!({
+        "fault": {"command": FAULT_HARNESS, "workers": 2},
+        "reference": {"command": REFERENCE_HARNESS},
+    });
+    let output = brain(&["check", "--agentloops", &registrations.to_string()]);
+    let stdout = text(&output.stdout);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{stdout}{}",
+        text(&output.stderr)
+    );
+    assert!(stdout.starts_with("REGISTRATION"), "{stdout}");
+    for expected in [
+        "fault         0",
+        "fault         1",
+        "reference     0",
+        "brain-fault-harness",
+        "brain-reference-harness",
+        "healthy",
+        "ready: yes",
+    ] {
+        assert!(
+            stdout.contains(expected),
+            "missing {expected:?} in\n{stdout}"
+        );
+    }
+}
+
+#[test]
+fn check_json_reports_identity_and_latency() {
+    let registrations = serde_json::json!({"fault": {"command": FAULT_HARNESS}});
+    let output = brain(&[
+        "check",
+        "--json",
+        "--agentloops",
+        &registrations.to_string(),
+    ]);
+    assert_eq!(output.status.code(), Some(0));
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON report");
+    assert_eq!(report["ready"], true);
+    let worker = &report["registrations"][0]["workers"][0];
+    assert_eq!(worker["state"], "healthy");
+    assert_eq!(
+        worker["initialized"]["identity"]["name"],
+        "brain-fault-harness"
+    );
+    assert!(
+        worker["init_latency_ms"]
+            .as_f64()
+            .is_some_and(|ms| ms > 0.0)
+    );
+}
+
+#[test]
+fn check_exits_one_when_no_worker_is_healthy() {
+    let registrations = serde_json::json!({
+        "silent": {"command": FAULT_HARNESS, "args": ["--never-init"]},
+    });
+    let output = brain(&[
+        "check",
+        "--init-deadline",
+        "200ms",
+        "--agentloops",
+        &registrations.to_string(),
+    ]);
+    let stdout = text(&output.stdout);
+    assert_eq!(output.status.code(), Some(1), "{stdout}");
+    assert!(stdout.contains("init_timeout"), "{stdout}");
+    assert!(stdout.contains("ready: no"), "{stdout}");
+}
+
+#[test]
+fn check_refuses_bad_registrations_with_78_naming_registration_and_field() {
+    for (registrations, expected) in [
+        (r#"{"pi": {"command": "x", "workers": 0}}"#, "\"workers\""),
+        (
+            r#"{"pi": {"command": "x", "max_concurrency": -1}}"#,
+            "\"max_concurrency\"",
+        ),
+        (r#"{"pi": {"args": []}}"#, "\"command\""),
+        (r#"{"pi": {"command": "x", "shell": true}}"#, "\"shell\""),
+        (r#"{"bad name": {"command": "x"}}"#, "bad name"),
+        (r#"{}"#, "no registrations"),
+        (r#"{"pi": "#, "line"),
+        (r#"{"pi": {"command": "./no/such/harness"}}"#, "\"command\""),
+    ] {
+        let output = brain(&["check", "--agentloops", registrations]);
+        let stderr = text(&output.stderr);
+        assert_eq!(output.status.code(), Some(78), "{registrations}: {stderr}");
+        assert!(stderr.contains(expected), "{registrations}: {stderr}");
+        if registrations.contains("\"pi\"") && !registrations.ends_with(": ") {
+            assert!(stderr.contains("\"pi\""), "{registrations}: {stderr}");
+        }
+    }
+}
+
+#[test]
+fn check_reads_registrations_from_a_file_and_from_the_environment() {
+    let dir = temp_dir("cli-file");
+    let file = dir.join("agentloops.json");
+    std::fs::write(
+        &file,
+        serde_json::json!({"filed": {"command": FAULT_HARNESS}}).to_string(),
+    )
+    .unwrap();
+    let output = brain(&["check", "--agentloops", &file.to_string_lossy()]);
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    assert!(text(&output.stdout).contains("filed"));
+
+    let output = run_bounded(Command::new(BRAIN).args(["check"]).env(
+        "BRAIN_AGENTLOOPS",
+        serde_json::json!({"from_env": {"command": FAULT_HARNESS}}).to_string(),
+    ));
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    assert!(text(&output.stdout).contains("from_env"));
+}
+
+#[test]
+fn check_refuses_disagreeing_workers_with_78() {
+    let registrations = serde_json::json!({
+        "split": {"command": FAULT_HARNESS, "args": ["--state-version", "v{worker}"], "workers": 2},
+    });
+    let output = brain(&["check", "--agentloops", &registrations.to_string()]);
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(78), "{stderr}");
+    assert!(
+        stderr.contains("split") && stderr.contains("state version"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn usage_errors_exit_two() {
+    assert_eq!(brain(&[]).status.code(), Some(2));
+    assert_eq!(brain(&["frobnicate"]).status.code(), Some(2));
+    assert_eq!(brain(&["check", "--bogus"]).status.code(), Some(2));
+    assert_eq!(
+        brain(&["check", "--init-deadline", "soon"]).status.code(),
+        Some(2)
+    );
+}
+
+#[test]
+fn the_embedded_default_runs_the_reference_harness_beside_the_binary() {
+    let output = brain(&["check"]);
+    let stdout = text(&output.stdout);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{stdout}{}",
+        text(&output.stderr)
+    );
+    assert!(stdout.contains("reference") && stdout.contains("brain-reference-harness"));
+}
