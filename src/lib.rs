@@ -17,6 +17,7 @@ pub mod harness;
 mod options;
 mod pool;
 pub mod protocol;
+pub mod session;
 pub mod status;
 mod timer;
 pub mod worker;
