@@ -11,9 +11,12 @@
 #![deny(missing_docs)]
 
 mod brain;
+pub mod cancel;
 pub mod config;
 mod dispatch;
+pub mod effects;
 pub mod harness;
+pub mod journal;
 mod options;
 mod pool;
 pub mod protocol;

@@ -1,0 +1,1 @@
+//! Cancellation tokens shared by the harness SDK and Brain's effects.

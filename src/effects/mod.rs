@@ -1,0 +1,1 @@
+//! Effects: model providers and environment drivers.

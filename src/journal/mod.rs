@@ -1,0 +1,1 @@
+//! The journal: per-session ordered records and their projections.
