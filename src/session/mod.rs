@@ -1,5 +1,15 @@
 //! Sessions: ids, creation requests, and the pure functions that shape an activation.
 
+mod check;
 mod id;
+mod request;
+mod shape;
 
+pub use check::{check_against_harness, check_input_media};
 pub use id::SessionId;
+pub use request::{
+    CreateSession, DEFAULT_MODEL_NAME, DEFAULT_MODEL_PROVIDER, EnvironmentDecl, Grant,
+    MAX_NAME_LEN, Permission, RequestError, Selection, ToolSpec, default_input_schema,
+    is_registration_name, is_resource_name,
+};
+pub use shape::{SEED_DOMAIN, merge_configuration, runtime_envelope, tool_declarations};
