@@ -1,8 +1,8 @@
 //! [`Activation`]: what a handler's `run` sees of the activation it executes.
 
-use super::cancel::CancelToken;
 use super::connection::Connection;
 use super::error::CallError;
+use crate::cancel::CancelToken;
 use serde_json::Value;
 
 /// One activation (one `run` request) being executed by a [`Handler`](super::Handler).

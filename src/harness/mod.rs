@@ -55,15 +55,14 @@
 //! ```
 
 mod activation;
-mod cancel;
 mod connection;
 mod error;
 mod io;
 mod pending;
 mod serve;
 
+pub use crate::cancel::CancelToken;
 pub use activation::Activation;
-pub use cancel::CancelToken;
 pub use connection::{Connection, DEFAULT_MAX_LINE_BYTES};
 pub use error::{CallError, HandlerError, SendError};
 pub use io::IoThreads;

@@ -1,9 +1,9 @@
 //! The high-level loop: [`Handler`], [`serve`] and [`serve_connection`].
 
 use super::activation::Activation;
-use super::cancel::CancelToken;
 use super::connection::Connection;
 use super::error::{HandlerError, SendError};
+use crate::cancel::CancelToken;
 use crate::protocol::harness::{InitializeParams, InitializeResult, method};
 use crate::protocol::jsonrpc::{
     INVALID_PARAMS, METHOD_NOT_FOUND, RequestId, RpcError, SERVER_ERROR,
