@@ -15,7 +15,7 @@ use nix::unistd::Pid;
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader, PipeWriter, Read, Write};
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -175,6 +175,28 @@ impl Proc {
         self.out.response(json!(1))
     }
 
+    /// The next message, which must be a `brain/call` for `method`.
+    fn expect_call(&self, method: &str) -> Value {
+        let message = self.out.json();
+        assert_eq!(
+            message["method"], "brain/call",
+            "expected a callback: {message}"
+        );
+        assert_eq!(message["params"]["method"], method, "{message}");
+        message
+    }
+
+    /// Answers the `brain/call` request `call` with `result`.
+    fn answer(&mut self, call: &Value, result: Value) {
+        self.send(&json!({"jsonrpc": "2.0", "id": call["id"], "result": result}));
+    }
+
+    /// Answers the `brain/call` request `call` with Brain's error `code`.
+    fn answer_error(&mut self, call: &Value, code: &str, fatal: bool) {
+        self.send(&json!({"jsonrpc": "2.0", "id": call["id"], "error": {
+            "code": -32000, "message": code, "data": {"code": code, "fatal": fatal}}}));
+    }
+
     fn close_stdin(&mut self) {
         self.stdin = None;
     }
@@ -328,21 +350,291 @@ fn reference_harness_answers_initialize() {
     assert!(typed.capabilities.transcript_import);
 }
 
+/// Full `run` params for the reference harness; `input` holds the RunInput members beyond
+/// `runtime`, which is filled in.
+fn reference_run(session_id: &str, sequence: u64, state_dir: &Path, input: Value) -> Value {
+    let mut input = input;
+    input["runtime"] = json!({"logical_time_ms": sequence, "deterministic_seed": "0".repeat(64)});
+    json!({
+        "session_id": session_id, "sequence": sequence,
+        "state_dir": state_dir.to_str().expect("a UTF-8 temp path"),
+        "model": {"provider": "scripted", "name": "scripted"},
+        "input": input
+    })
+}
+
+fn text_message(role: &str, text: &str) -> Value {
+    json!({"role": role, "content": [{"type": "text", "text": text}]})
+}
+
+/// A `model` callback answer: the call's sequence and a ModelResult.
+fn model_answer(sequence: u64, content: Value, stop_reason: &str) -> Value {
+    json!({"sequence": sequence, "result": {
+        "message": {"role": "assistant", "content": content},
+        "stop_reason": stop_reason, "usage": {}
+    }})
+}
+
+fn read_state(state_dir: &Path) -> Value {
+    let bytes = std::fs::read(state_dir.join("reference-state.json")).expect("the state file");
+    serde_json::from_slice(&bytes).expect("the state file is JSON")
+}
+
+/// Removes a temp directory when the test ends, also on panic.
+struct TempDir(PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 #[test]
-fn reference_harness_echoes_runs_and_answers_the_other_methods() {
+fn reference_harness_runs_a_tool_calling_loop_and_keeps_native_state() {
+    let root = TempDir(temp_path("reference-state"));
+    let state_dir = root.0.join("ses_r");
     let mut harness = Proc::spawn(REFERENCE, &[]);
     harness.initialize();
 
-    let input = json!({"content": [{"type": "text", "text": "hello"}]});
-    harness.request(2, "run", run_params("ses_a", 3, input.clone()));
-    let answer = harness.out.response(json!(2));
-    assert_eq!(answer["result"], json!({"result": {"echo": input}}));
+    let user = text_message("user", "list the files");
+    let tools = json!([{"name": "bash", "description": "Run a command",
+        "input_schema": {"type": "object"},
+        "placements": [{"environment": "workspace", "sequence": 3}]}]);
+    let events = json!([
+        {"sequence": 4, "type": "ping", "recorded_at_ms": 1, "data": {"n": 1}},
+        {"sequence": 5, "type": "note", "recorded_at_ms": 2, "data": "hi"}
+    ]);
+    let params = reference_run(
+        "ses_r",
+        7,
+        &state_dir,
+        json!({"input": {"content": user["content"]}, "transcript": [], "tools": tools,
+               "events": events, "system": "be terse", "configuration": {}}),
+    );
+    harness.request(2, "run", params);
 
-    harness.request(3, "run", json!({"session_id": "ses_b", "sequence": 4}));
+    // Round 1: the model sees the input and the events, and the tools without their placements.
+    let call = harness.expect_call("model");
+    assert_eq!(call["params"]["session_id"], "ses_r");
+    assert_eq!(call["params"]["sequence"], 7);
+    let events_text = "event ping: {\"n\":1}\nevent note: \"hi\"";
+    let opening = vec![user.clone(), text_message("user", events_text)];
+    assert_eq!(
+        call["params"]["input"],
+        json!({"messages": opening, "tools": [{"name": "bash", "description": "Run a command",
+            "input_schema": {"type": "object"}}]}),
+        "no system: Brain applies the session's"
+    );
+    let asks = json!([{"type": "text", "text": "let me look"},
+        {"type": "tool_use", "id": "tu1", "name": "bash", "input": {"command": "ls"}}]);
+    harness.answer(&call, model_answer(20, asks.clone(), "tool_use"));
+
+    let call = harness.expect_call("tool");
+    assert_eq!(
+        call["params"]["input"],
+        json!({"name": "bash", "input": {"command": "ls"}})
+    );
+    let listing = json!([{"type": "text", "text": "a.txt"}]);
+    harness.answer(
+        &call,
+        json!({"sequence": 21, "result": {"outcome": "ok", "content": listing, "is_error": false}}),
+    );
+
+    // Round 2: the tool's result is one user message; the model ends its turn.
+    let mut expected: Vec<Value> = opening.clone();
+    expected.push(json!({"role": "assistant", "content": asks}));
+    expected.push(json!({"role": "user", "content": [{"type": "tool_result",
+        "tool_use_id": "tu1", "content": listing, "is_error": false}]}));
+    let call = harness.expect_call("model");
+    assert_eq!(call["params"]["input"]["messages"], json!(expected));
+    let done = json!([{"type": "text", "text": "one file: "}, {"type": "text", "text": "a.txt"}]);
+    harness.answer(&call, model_answer(22, done.clone(), "end_turn"));
+
+    expected.push(json!({"role": "assistant", "content": done}));
+    let call = harness.expect_call("transcript.set");
+    assert_eq!(call["params"]["input"], json!({"messages": expected}));
+    harness.answer(&call, json!({"sequence": 23}));
+
+    let answer = harness.out.json();
+    assert_eq!(answer["id"], 2, "the run answer follows: {answer}");
+    assert_eq!(
+        answer["result"],
+        json!({"result": {"text": "one file: a.txt", "rounds": 2}})
+    );
+    assert_eq!(
+        read_state(&state_dir),
+        json!({"turns": 1, "last_sequence": 7})
+    );
+
+    // A second turn continues the saved transcript; the state file counts it.
+    let params = reference_run(
+        "ses_r",
+        9,
+        &state_dir,
+        json!({"input": {"content": [{"type": "text", "text": "thanks"}]},
+               "transcript": expected}),
+    );
+    harness.request(3, "run", params);
+    let call = harness.expect_call("model");
+    let mut second = expected.clone();
+    second.push(text_message("user", "thanks"));
+    assert_eq!(
+        call["params"]["input"],
+        json!({"messages": second, "tools": []})
+    );
+    let welcome = json!([{"type": "text", "text": "welcome"}]);
+    harness.answer(&call, model_answer(30, welcome.clone(), "end_turn"));
+    second.push(json!({"role": "assistant", "content": welcome}));
+    let call = harness.expect_call("transcript.set");
+    assert_eq!(call["params"]["input"]["messages"], json!(second));
+    assert_eq!(call["params"]["sequence"], 9);
+    harness.answer(&call, json!({"sequence": 31}));
     assert_eq!(
         harness.out.response(json!(3))["result"],
-        json!({"result": {"echo": null}})
+        json!({"result": {"text": "welcome", "rounds": 1}})
     );
+    assert_eq!(
+        read_state(&state_dir),
+        json!({"turns": 2, "last_sequence": 9})
+    );
+    let names: Vec<_> = std::fs::read_dir(&state_dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name())
+        .collect();
+    assert_eq!(names, ["reference-state.json"], "no temporary file is left");
+
+    harness.close_stdin();
+    assert!(harness.out.until_eof().is_empty());
+    assert!(harness.wait().success());
+}
+
+#[test]
+fn reference_harness_cancel_during_the_loop_answers_cancelled() {
+    let root = TempDir(temp_path("reference-cancel"));
+    let mut harness = Proc::spawn(REFERENCE, &[]);
+    harness.initialize();
+    let tools = json!([{"name": "bash", "description": "", "input_schema": {}}]);
+    let params = reference_run(
+        "ses_k",
+        4,
+        &root.0,
+        json!({"input": {"content": [{"type": "text", "text": "go"}]}, "tools": tools}),
+    );
+    harness.request(2, "run", params);
+    let call = harness.expect_call("model");
+    harness.request(3, "cancel", json!({"session_id": "ses_k", "sequence": 4}));
+    let asks = json!([{"type": "tool_use", "id": "t", "name": "bash", "input": {}}]);
+    harness.answer(&call, model_answer(10, asks, "tool_use"));
+
+    // The harness either sees its token cancelled before the tool call, or makes the call, which
+    // Brain fails `cancelled` (fatal) after a cancel. Either way: no further callback, `cancelled`.
+    let mut cancel_answered = false;
+    let run = loop {
+        let message = harness.out.json();
+        match (&message["id"], message["method"].as_str()) {
+            (_, Some("brain/call")) => {
+                assert_eq!(message["params"]["method"], "tool", "{message}");
+                harness.answer_error(&message, "cancelled", true);
+            }
+            (id, None) if *id == json!(3) => {
+                assert_eq!(message["result"], json!({}));
+                cancel_answered = true;
+            }
+            (id, None) if *id == json!(2) => break message,
+            _ => panic!("unexpected message: {message}"),
+        }
+    };
+    assert_eq!(error_code(&run), "cancelled");
+    if !cancel_answered {
+        assert_eq!(harness.out.response(json!(3))["result"], json!({}));
+    }
+    assert!(
+        !root.0.join("reference-state.json").exists(),
+        "a cancelled run saves nothing"
+    );
+}
+
+#[test]
+fn reference_harness_feeds_tool_errors_back_and_fails_on_model_errors() {
+    let root = TempDir(temp_path("reference-errors"));
+    let mut harness = Proc::spawn(REFERENCE, &[]);
+    harness.initialize();
+    let params = reference_run(
+        "ses_e",
+        2,
+        &root.0,
+        json!({"input": {"content": [{"type": "text", "text": "go"}]}}),
+    );
+    harness.request(2, "run", params);
+    let call = harness.expect_call("model");
+    let asks = json!([{"type": "tool_use", "id": "t9", "name": "nope", "input": {"a": 1}}]);
+    harness.answer(&call, model_answer(10, asks, "tool_use"));
+
+    // An undeclared tool fails `invalid_input` (not fatal): the model reads it as an error result.
+    let call = harness.expect_call("tool");
+    assert_eq!(call["params"]["input"]["name"], "nope");
+    harness.answer_error(&call, "invalid_input", false);
+    let call = harness.expect_call("model");
+    let last = call["params"]["input"]["messages"][2].clone();
+    assert_eq!(last["role"], "user");
+    assert_eq!(last["content"][0]["type"], "tool_result");
+    assert_eq!(last["content"][0]["tool_use_id"], "t9");
+    assert_eq!(last["content"][0]["is_error"], true);
+    let text = last["content"][0]["content"][0]["text"].as_str().unwrap();
+    assert!(text.contains("invalid_input"), "{text}");
+
+    // A model error that is not fatal still ends the run, with its code and nothing saved.
+    harness.answer_error(&call, "outcome_unknown", false);
+    let answer = harness.out.json();
+    assert_eq!(answer["id"], 2, "no transcript.set: {answer}");
+    assert_eq!(error_code(&answer), "outcome_unknown");
+    assert!(!root.0.join("reference-state.json").exists());
+}
+
+#[test]
+fn reference_harness_stops_after_32_rounds() {
+    let root = TempDir(temp_path("reference-rounds"));
+    let mut harness = Proc::spawn(REFERENCE, &[]);
+    harness.initialize();
+    let params = reference_run(
+        "ses_m",
+        1,
+        &root.0,
+        json!({"input": {"content": [{"type": "text", "text": "loop"}]}}),
+    );
+    harness.request(2, "run", params);
+    let asks = json!([{"type": "tool_use", "id": "t", "name": "bash", "input": {}}]);
+    for round in 1..=32 {
+        let call = harness.expect_call("model");
+        harness.answer(&call, model_answer(round * 2, asks.clone(), "tool_use"));
+        if round < 32 {
+            let call = harness.expect_call("tool");
+            let result = json!({"outcome": "ok", "content": [], "is_error": false});
+            harness.answer(&call, json!({"sequence": round * 2 + 1, "result": result}));
+        }
+    }
+    let answer = harness.out.json();
+    assert_eq!(
+        answer["id"], 2,
+        "no 33rd model call, no transcript.set: {answer}"
+    );
+    assert_eq!(error_code(&answer), "harness_error");
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("too many rounds")
+    );
+}
+
+#[test]
+fn reference_harness_refuses_malformed_params_and_answers_the_other_methods() {
+    let mut harness = Proc::spawn(REFERENCE, &[]);
+    harness.initialize();
+
+    // Not RunParams (no state_dir, model or runtime).
+    harness.request(2, "run", run_params("ses_a", 3, json!(null)));
+    assert_eq!(error_code(&harness.out.response(json!(2))), "invalid_input");
 
     harness.request(4, "run", json!({"session_id": "ses_c"}));
     let answer = harness.out.response(json!(4));

@@ -1,19 +1,56 @@
-//! brain-reference-harness: the harness SDK's example harness.
+//! brain-reference-harness: a real tool-calling agent loop over brain/harness/v1, and the example
+//! harness of [`brain::harness`].
 //!
-//! For now each `run` echoes its user input: `{"result":{"echo": <params.input.input or null>}}`,
-//! or fails `cancelled` when the activation was cancelled first. It will grow into a tool-calling
-//! agent loop; it stays a small, readable example of [`brain::harness`].
+//! Each `run` (PROTOCOL.md §6):
+//!
+//! 1. parses its params as [`RunParams`] (anything else fails `invalid_input`) and reads the
+//!    native state file `<state_dir>/reference-state.json` if it exists;
+//! 2. starts from the saved transcript (`input.transcript`), appends the user input (if any) as a
+//!    user message and, when `input.events` is not empty, one more user message with a text block
+//!    listing them, one `event <type>: <data as JSON>` line each;
+//! 3. loops: calls `model` with `{messages: <transcript>, tools: <the session's tools as
+//!    definitions>}` (no `system`: Brain applies the session's) and appends the assistant message.
+//!    When that message holds `tool_use` blocks and the stop reason is `tool_use`, it calls `tool`
+//!    for each, in order, and appends one user message with their `tool_result` blocks; a tool
+//!    call that fails without being fatal (say an undeclared tool) becomes an error result the
+//!    model reads. Otherwise the loop ends. At most 32 model calls (rounds): a 32nd answer that
+//!    still asks for tools fails the run `harness_error` ("too many rounds");
+//! 4. saves the whole transcript with `transcript.set`, then writes the native state file
+//!    (`{"turns": <completed runs>, "last_sequence": <this run's sequence>}`, atomically: a
+//!    temporary file, fsync, rename), and answers `{"result": {"text": <the final assistant
+//!    text>, "rounds": <model calls>}}`.
+//!
+//! The cancel token is checked before every callback: a cancelled run answers `cancelled` and
+//! makes no further callback. A fatal callback error ends the run with its code, and so does a
+//! failed `model` call (`outcome_unknown`, `model_failed`, …) or `transcript.set`. Nothing is saved
+//! when a run fails: the transcript and the state file stay as the last completed run left them.
+//!
+//! Declares `transcript_import`: every turn starts from the transcript Brain hands it, so a new
+//! session created `from` an interrupted one carries on from its transcript.
 //!
 //! Speaks brain/harness/v1 on stdin/stdout; logs to stderr (`RUST_LOG`, default `warn`).
 
-use brain::harness::{Activation, Handler, HandlerError, serve};
+use brain::harness::{Activation, CallError, Handler, HandlerError, serve};
 use brain::protocol::harness::{
-    Capabilities, Identity, InitializeParams, InitializeResult, PROTOCOL,
+    Block, Capabilities, Event, Identity, InitializeParams, InitializeResult, Message,
+    ModelCallResult, ModelRequest, ModelResult, PROTOCOL, Role, RunInput, RunParams, StopReason,
+    ToolCallInput, ToolCallResult, ToolDefinition, TranscriptSetInput,
 };
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
+use std::fs::File;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-/// The reference harness. Stateless so far: every activation stands alone.
+/// Most model calls in one run.
+const MAX_ROUNDS: u64 = 32;
+
+/// The native state file's name inside the session's `state_dir`.
+const STATE_FILE: &str = "reference-state.json";
+
+/// The reference harness. Holds nothing in memory between runs: the transcript comes from Brain and
+/// the rest lives in the state directory.
 struct Reference;
 
 impl Handler for Reference {
@@ -40,15 +77,236 @@ impl Handler for Reference {
     }
 
     fn run(&self, activation: &Activation) -> Result<Option<Value>, HandlerError> {
-        if activation.is_cancelled() {
-            return Err(HandlerError::cancelled());
+        let params: RunParams = serde_json::from_value(activation.params().clone())
+            .map_err(|error| HandlerError::new("invalid_input", format!("run params: {error}")))?;
+        if params.state_dir.is_empty() {
+            let message = "run params: state_dir is empty";
+            return Err(HandlerError::new("invalid_input", message));
         }
-        let input = activation
-            .params()
-            .pointer("/input/input")
-            .cloned()
-            .unwrap_or(Value::Null);
-        Ok(Some(json!({ "echo": input })))
+        let state_path = Path::new(&params.state_dir).join(STATE_FILE);
+        let state = NativeState::load(&state_path)?;
+
+        let mut transcript = opening_transcript(&params.input);
+        let tools: Vec<ToolDefinition> = params
+            .input
+            .tools
+            .iter()
+            .map(|tool| ToolDefinition {
+                name: tool.name.clone(),
+                description: tool.description.clone(),
+                input_schema: tool.input_schema.clone(),
+            })
+            .collect();
+
+        let mut rounds = 0;
+        let final_message = loop {
+            rounds += 1;
+            let result = model(activation, &transcript, &tools)?;
+            let message = result.message;
+            transcript.push(message.clone());
+            let uses = tool_uses(&message);
+            if uses.is_empty() || result.stop_reason != StopReason::ToolUse {
+                break message;
+            }
+            if rounds >= MAX_ROUNDS {
+                return Err(HandlerError::harness(format!(
+                    "too many rounds: the model still asks for tools after {MAX_ROUNDS} calls"
+                )));
+            }
+            let mut results = Vec::with_capacity(uses.len());
+            for (id, name, input) in uses {
+                results.push(tool(activation, id, name, input)?);
+            }
+            transcript.push(Message {
+                role: Role::User,
+                content: results,
+            });
+        };
+
+        checkpoint(activation)?;
+        let saved = TranscriptSetInput {
+            messages: transcript,
+        };
+        activation.call("transcript.set", to_json(&saved)?)?;
+        let state = NativeState {
+            turns: state.turns.saturating_add(1),
+            last_sequence: Some(params.sequence),
+        };
+        state.store(&state_path).map_err(|error| {
+            HandlerError::harness(format!("writing {}: {error}", state_path.display()))
+        })?;
+
+        Ok(Some(
+            json!({ "text": text_of(&final_message), "rounds": rounds }),
+        ))
+    }
+}
+
+/// The transcript the first model call sees: the saved one, the user's input, the pending events.
+fn opening_transcript(input: &RunInput) -> Vec<Message> {
+    let mut transcript = input.transcript.clone();
+    if let Some(user) = &input.input {
+        transcript.push(Message {
+            role: Role::User,
+            content: user.content.clone(),
+        });
+    }
+    if !input.events.is_empty() {
+        transcript.push(Message::text(Role::User, events_summary(&input.events)));
+    }
+    transcript
+}
+
+/// One line per event: `event <type>: <data as JSON>`.
+fn events_summary(events: &[Event]) -> String {
+    events
+        .iter()
+        .map(|event| format!("event {}: {}", event.event_type, event.data))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The `tool_use` blocks of a message, in order: (id, name, input).
+fn tool_uses(message: &Message) -> Vec<(&str, &str, &Value)> {
+    message
+        .content
+        .iter()
+        .filter_map(|block| match block {
+            Block::ToolUse { id, name, input } => Some((id.as_str(), name.as_str(), input)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The text blocks of a message, concatenated.
+fn text_of(message: &Message) -> String {
+    message
+        .content
+        .iter()
+        .filter_map(|block| match block {
+            Block::Text { text } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Fails `cancelled` when the activation has been cancelled: called before every callback.
+fn checkpoint(activation: &Activation) -> Result<(), HandlerError> {
+    if activation.is_cancelled() {
+        Err(HandlerError::cancelled())
+    } else {
+        Ok(())
+    }
+}
+
+/// One `model` call. Every error ends the run with its code.
+fn model(
+    activation: &Activation,
+    transcript: &[Message],
+    tools: &[ToolDefinition],
+) -> Result<ModelResult, HandlerError> {
+    checkpoint(activation)?;
+    let request = ModelRequest {
+        system: None,
+        messages: transcript.to_vec(),
+        tools: Some(tools.to_vec()),
+        max_output_tokens: None,
+        options: None,
+    };
+    let answer = activation.call("model", to_json(&request)?)?;
+    let answer: ModelCallResult = serde_json::from_value(answer).map_err(|error| {
+        HandlerError::harness(format!("Brain's model answer is malformed: {error}"))
+    })?;
+    Ok(answer.result)
+}
+
+/// One `tool` call, as the `tool_result` block answering `tool_use_id`. A fatal error ends the run;
+/// any other error becomes an error result for the model to read.
+fn tool(
+    activation: &Activation,
+    tool_use_id: &str,
+    name: &str,
+    input: &Value,
+) -> Result<Block, HandlerError> {
+    checkpoint(activation)?;
+    let call = ToolCallInput {
+        name: name.to_owned(),
+        input: input.clone(),
+        environment: None,
+    };
+    let (content, is_error) = match activation.call("tool", to_json(&call)?) {
+        Ok(answer) => {
+            let answer: ToolCallResult = serde_json::from_value(answer).map_err(|error| {
+                HandlerError::harness(format!("Brain's tool answer is malformed: {error}"))
+            })?;
+            (answer.result.content, answer.result.is_error)
+        }
+        Err(error) if error.fatal => return Err(error.into()),
+        Err(CallError { code, message, .. }) => {
+            log::info!("tool {name} failed ({code}): {message}");
+            let text = format!("the tool call failed ({code}): {message}");
+            (vec![Block::text(text)], true)
+        }
+    };
+    Ok(Block::ToolResult {
+        tool_use_id: tool_use_id.to_owned(),
+        content,
+        is_error,
+    })
+}
+
+fn to_json(value: &impl Serialize) -> Result<Value, HandlerError> {
+    serde_json::to_value(value)
+        .map_err(|error| HandlerError::harness(format!("encoding a callback failed: {error}")))
+}
+
+/// The harness's own state in the session's `state_dir`: how many runs completed, and the sequence
+/// of the last one.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct NativeState {
+    turns: u64,
+    last_sequence: Option<u64>,
+}
+
+impl NativeState {
+    /// Reads the state file; a missing file is the empty state. A file that cannot be read or parsed
+    /// fails the run rather than silently starting over.
+    fn load(path: &Path) -> Result<NativeState, HandlerError> {
+        let bytes = match std::fs::read(path) {
+            Ok(bytes) => bytes,
+            Err(error) if error.kind() == io::ErrorKind::NotFound => {
+                return Ok(NativeState::default());
+            }
+            Err(error) => {
+                return Err(HandlerError::harness(format!(
+                    "reading {}: {error}",
+                    path.display()
+                )));
+            }
+        };
+        serde_json::from_slice(&bytes).map_err(|error| {
+            HandlerError::harness(format!("{} is malformed: {error}", path.display()))
+        })
+    }
+
+    /// Writes the state file atomically and durably: the directory is created if missing, the
+    /// content goes to a temporary file that is synced and renamed over the old one, and the
+    /// directory is synced so the rename survives a crash.
+    fn store(&self, path: &Path) -> io::Result<()> {
+        let directory = path.parent().unwrap_or(Path::new("."));
+        std::fs::create_dir_all(directory)?;
+        let mut temporary = path.as_os_str().to_owned();
+        temporary.push(".tmp");
+        let temporary = PathBuf::from(temporary);
+        let mut bytes = serde_json::to_vec(self).map_err(io::Error::other)?;
+        bytes.push(b'\n');
+        {
+            let mut file = File::create(&temporary)?;
+            file.write_all(&bytes)?;
+            file.sync_all()?;
+        }
+        std::fs::rename(&temporary, path)?;
+        File::open(directory)?.sync_all()
     }
 }
 
