@@ -1124,3 +1124,237 @@ fn fault_harness_ignore_shutdown_outlives_eof_and_signals() {
     harness.reaped = exited.is_some();
     assert_eq!(exited, None, "the harness must still run");
 }
+
+// ---------------------------------------------------------------------------------------------
+// The fault harness's per-session faults (configuration key `fault`)
+
+/// `run` params whose merged configuration is `configuration`.
+fn fault_run(session_id: &str, sequence: u64, configuration: Value) -> Value {
+    json!({"session_id": session_id, "sequence": sequence,
+           "input": {"configuration": configuration}})
+}
+
+/// Reads `ids.len()` responses (in any order) and returns them in the order of `ids`.
+fn responses(harness: &Proc, ids: &[i64]) -> Vec<Value> {
+    let mut seen: Vec<Value> = (0..ids.len()).map(|_| harness.out.json()).collect();
+    ids.iter()
+        .map(|id| {
+            let index = seen
+                .iter()
+                .position(|message| message["id"] == json!(id) && message.get("method").is_none())
+                .unwrap_or_else(|| panic!("no response {id} among {seen:?}"));
+            seen.swap_remove(index)
+        })
+        .collect()
+}
+
+#[test]
+fn fault_hang_answers_only_when_cancelled_while_other_sessions_run() {
+    let mut harness = Proc::spawn(FAULT, &[]);
+    harness.initialize();
+    harness.request(2, "run", fault_run("ses_h", 1, json!({"fault": "hang"})));
+    harness.request(3, "run", fault_run("ses_e", 1, json!({"fault": "echo"})));
+    let echo = harness.out.json();
+    assert_eq!(echo["id"], 3, "the hanging run does not answer: {echo}");
+    assert_eq!(echo["result"]["result"]["echo"]["session_id"], "ses_e");
+
+    harness.request(4, "cancel", json!({"session_id": "ses_h", "sequence": 1}));
+    let [cancel, run] = <[Value; 2]>::try_from(responses(&harness, &[4, 2])).unwrap();
+    assert_eq!(cancel["result"], json!({}));
+    assert_eq!(error_code(&run), "cancelled");
+}
+
+#[test]
+fn fault_ignore_cancel_never_answers() {
+    let mut harness = Proc::spawn(FAULT, &[]);
+    harness.initialize();
+    harness.request(
+        2,
+        "run",
+        fault_run("ses_i", 1, json!({"fault": "ignore_cancel"})),
+    );
+    harness.err.find("will never answer");
+    harness.request(3, "cancel", json!({"session_id": "ses_i", "sequence": 1}));
+    assert_eq!(
+        harness.out.json(),
+        json!({"jsonrpc": "2.0", "id": 3, "result": {}})
+    );
+    harness.request(4, "run", fault_run("ses_j", 1, json!({})));
+    assert_eq!(
+        harness.out.json()["id"],
+        4,
+        "the worker still serves others"
+    );
+    // A negative check needs a bound: no run answer arrives.
+    assert_eq!(
+        harness.out.rx.recv_timeout(Duration::from_millis(300)),
+        Err(RecvTimeoutError::Timeout)
+    );
+}
+
+#[test]
+fn fault_crash_exits_with_status_4() {
+    let mut harness = Proc::spawn(FAULT, &[]);
+    harness.initialize();
+    harness.request(2, "run", fault_run("ses_c", 1, json!({"fault": "crash"})));
+    assert!(
+        harness.out.until_eof().is_empty(),
+        "the run is never answered"
+    );
+    assert_eq!(harness.wait().code(), Some(4));
+}
+
+#[test]
+fn fault_callbacks_outstanding_answers_before_its_callback_is_answered() {
+    let mut harness = Proc::spawn(FAULT, &[]);
+    harness.initialize();
+    harness.request(
+        2,
+        "run",
+        fault_run("ses_o", 6, json!({"fault": "callbacks_outstanding"})),
+    );
+    let call = harness.expect_call("kv.get");
+    assert_eq!(
+        call["params"],
+        json!({"session_id": "ses_o", "sequence": 6, "method": "kv.get", "input": {"key": "x"}})
+    );
+    // Unanswered, and yet the run's answer follows.
+    let answer = harness.out.json();
+    assert_eq!(answer["id"], 2);
+    assert_eq!(answer["result"], json!({"result": {"ok": true}}));
+    // A late answer to the callback harms nothing.
+    harness.answer(&call, json!({"found": false}));
+    harness.request(3, "run", fault_run("ses_p", 1, json!({})));
+    assert_eq!(harness.out.json()["id"], 3);
+}
+
+#[test]
+fn fault_calls_performs_callbacks_until_the_first_error() {
+    let mut harness = Proc::spawn(FAULT, &[]);
+    harness.initialize();
+    let calls = json!([
+        {"method": "kv.put", "input": {"key": "a", "value": 1}},
+        {"method": "environments.get", "input": {"name": "workspace"}},
+        {"method": "emit", "input": {"type": "never", "data": null}}
+    ]);
+    harness.request(
+        2,
+        "run",
+        fault_run("ses_l", 3, json!({"fault": "calls", "calls": calls})),
+    );
+    let call = harness.expect_call("kv.put");
+    assert_eq!(call["params"]["session_id"], "ses_l");
+    assert_eq!(call["params"]["sequence"], 3);
+    assert_eq!(call["params"]["input"], json!({"key": "a", "value": 1}));
+    harness.answer(&call, json!({"sequence": 5}));
+    let call = harness.expect_call("environments.get");
+    harness.answer_error(&call, "not_granted", false);
+    let answer = harness.out.json();
+    assert_eq!(answer["id"], 2, "the emit is never made: {answer}");
+    assert_eq!(
+        answer["result"]["result"],
+        json!({"answers": [{"sequence": 5}, {"error": {"code": "not_granted", "fatal": false}}]})
+    );
+}
+
+#[test]
+fn fault_slow_calls_waits_and_a_cancel_ends_the_wait() {
+    let mut harness = Proc::spawn(FAULT, &[]);
+    harness.initialize();
+    let calls = json!([{"method": "kv.get", "input": {"key": "a"}}]);
+    harness.request(
+        2,
+        "run",
+        fault_run(
+            "ses_s",
+            1,
+            json!({"fault": "slow_calls", "delay_ms": 1, "calls": calls}),
+        ),
+    );
+    let call = harness.expect_call("kv.get");
+    harness.answer(&call, json!({"found": true, "value": 7}));
+    assert_eq!(
+        harness.out.response(json!(2))["result"]["result"],
+        json!({"answers": [{"found": true, "value": 7}]})
+    );
+
+    let config = json!({"fault": "slow_calls", "delay_ms": 3_600_000, "calls": calls});
+    harness.request(3, "run", fault_run("ses_s", 2, config));
+    harness.request(4, "cancel", json!({"session_id": "ses_s", "sequence": 2}));
+    let [cancel, run] = <[Value; 2]>::try_from(responses(&harness, &[4, 3])).unwrap();
+    assert_eq!(cancel["result"], json!({}));
+    assert_eq!(error_code(&run), "cancelled", "no callback was made");
+}
+
+#[test]
+fn fault_foreign_callback_names_another_activation() {
+    let mut harness = Proc::spawn(FAULT, &[]);
+    harness.initialize();
+    let config = json!({"fault": "foreign_callback", "target_session": "ses_other",
+                        "target_sequence": 99});
+    harness.request(2, "run", fault_run("ses_f", 1, config));
+    let call = harness.expect_call("kv.put");
+    assert_eq!(
+        call["params"],
+        json!({"session_id": "ses_other", "sequence": 99, "method": "kv.put",
+               "input": {"key": "k", "value": 1}})
+    );
+    harness.answer_error(&call, "activation_not_active", false);
+    assert_eq!(
+        harness.out.response(json!(2))["result"],
+        json!({"result": {"error": "activation_not_active"}})
+    );
+}
+
+#[test]
+fn fault_callback_after_answer_calls_back_after_the_run_answer() {
+    let mut harness = Proc::spawn(FAULT, &[]);
+    harness.initialize();
+    let config = json!({"fault": "callback_after_answer"});
+    harness.request(2, "run", fault_run("ses_a", 8, config));
+    assert_eq!(
+        harness.out.json(),
+        json!({"jsonrpc": "2.0", "id": 2, "result": {}})
+    );
+    let call = harness.expect_call("kv.get");
+    assert_eq!(call["params"]["session_id"], "ses_a");
+    assert_eq!(call["params"]["sequence"], 8);
+    harness.answer_error(&call, "activation_closed", true);
+    harness
+        .err
+        .find("late callback answered: activation_closed");
+}
+
+#[test]
+fn fault_fatal_then_succeed_swallows_the_fatal_error() {
+    let mut harness = Proc::spawn(FAULT, &[]);
+    harness.initialize();
+    harness.request(
+        2,
+        "run",
+        fault_run("ses_t", 1, json!({"fault": "fatal_then_succeed"})),
+    );
+    let call = harness.expect_call("model");
+    assert!(call["params"]["input"]["messages"].is_array());
+    harness.answer_error(&call, "journal_failed", true);
+    assert_eq!(
+        harness.out.response(json!(2))["result"],
+        json!({"result": {"ignored": "journal_failed"}})
+    );
+}
+
+#[test]
+fn fault_unknown_mode_fails_the_run() {
+    let mut harness = Proc::spawn(FAULT, &[]);
+    harness.initialize();
+    harness.request(
+        2,
+        "run",
+        fault_run("ses_u", 1, json!({"fault": "nonsense"})),
+    );
+    assert_eq!(error_code(&harness.out.response(json!(2))), "harness_error");
+    harness.request(3, "run", fault_run("ses_u", 2, json!({"fault": 3})));
+    assert_eq!(error_code(&harness.out.response(json!(3))), "harness_error");
+    harness.request(4, "run", fault_run("ses_u", 3, json!({"fault": "echo"})));
+    assert!(harness.out.response(json!(4))["result"]["result"]["echo"].is_object());
+}

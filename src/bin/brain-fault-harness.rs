@@ -1,11 +1,43 @@
 //! brain-fault-harness: a harness that misbehaves on request, for Brain's tests.
 //!
 //! Without flags it is a correct harness (identity `brain-fault-harness`) whose `run` echoes its
-//! params: `{"result":{"echo": <params>}}`. Each flag adds one fault; flags combine. Faults that
-//! the SDK would refuse to produce (garbage, over-long lines) are written raw. Diagnostics go to
-//! stderr only. Unknown arguments print the usage to stderr and exit 2.
+//! params: `{"result":{"echo": <params>}}`. Each flag adds one worker-wide fault; flags combine.
+//! Faults that the SDK would refuse to produce (garbage, over-long lines) are written raw.
+//! Diagnostics go to stderr only. Unknown arguments print the usage to stderr and exit 2.
+//!
+//! # Per-session faults
+//!
+//! Each `run` also picks its own behaviour from the run input's merged configuration key `fault`
+//! (`params.input.configuration.fault`, a string), so one worker serves well-behaved and faulty
+//! sessions at once. Other configuration keys the modes read are named with them:
+//!
+//! - absent or `"echo"`: answer `{"result":{"echo": <params>}}`.
+//! - `"hang"`: answer nothing until the activation is cancelled, then answer error `cancelled`.
+//! - `"ignore_cancel"`: never answer, whatever happens (Brain must kill the worker after the cancel
+//!   grace); the worker then outlives the end of its stdin.
+//! - `"crash"`: exit the process with status 4 as soon as the run arrives.
+//! - `"callbacks_outstanding"`: write a `kv.get` request (key `x`) for its own activation, then
+//!   answer `{"result":{"ok":true}}` at once without waiting for Brain's answer. The request is
+//!   written with an id of its own (`fault-outstanding-<n>`) ahead of the run answer, so Brain
+//!   always sees it first; Brain's later answer to it is logged by the SDK as unexpected.
+//! - `"foreign_callback"`: call `kv.put` `{"key":"k","value":1}` naming `target_session` (string)
+//!   and `target_sequence` (integer) instead of its own activation; answer
+//!   `{"result":{"error": <Brain's error code, or null when it succeeded>}}`.
+//! - `"callback_after_answer"`: answer `{}`, and once that answer is written send `kv.get` (key `x`)
+//!   for its own activation; Brain's answer is logged to stderr as
+//!   `late callback answered: <code>` (`ok` when it succeeded).
+//! - `"fatal_then_succeed"`: call `model`; when it fails fatally, ignore that and answer
+//!   `{"result":{"ignored": <the code>}}` (`null` when the call did not fail fatally).
+//! - `"calls"`: perform the callbacks in `calls` — an array of `{"method", "input"}` — in order,
+//!   stopping at the first error, and answer `{"result":{"answers":[…]}}`, one entry per callback
+//!   made: its result, or `{"error":{"code","fatal"}}`.
+//! - `"slow_calls"`: as `calls`, but waits `delay_ms` (integer) before each callback; a cancel during
+//!   a wait answers error `cancelled` at once.
+//!
+//! A `fault` that is not a string or names no mode, and a malformed `calls`, `delay_ms` or target,
+//! fail the run with `harness_error`.
 
-use brain::harness::{Activation, Connection, Handler, HandlerError, serve_connection};
+use brain::harness::{Activation, CallError, Connection, Handler, HandlerError, serve_connection};
 use brain::protocol::harness::{
     Capabilities, Identity, InitializeParams, InitializeResult, PROTOCOL,
 };
@@ -16,6 +48,7 @@ use std::fs::OpenOptions;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -38,10 +71,27 @@ usage: brain-fault-harness [FLAG]...
   --state-version-file FILE      read state_version from FILE at initialize (overrides --state-version)
   --configuration-keys a,b       declare configuration_keys
   --required-model-metadata a,b  declare required_model_metadata
-  --capability NAME              declare media, transcript_import or fixed_tool_catalogue (repeatable)";
+  --capability NAME              declare media, transcript_import or fixed_tool_catalogue (repeatable)
+
+Per-session faults: each run reads the string params.input.configuration.fault:
+  (absent), echo          answer {\"result\":{\"echo\": <params>}}
+  hang                    answer only when cancelled, with error cancelled
+  ignore_cancel           never answer; ignore cancel (and stdin EOF)
+  crash                   exit with status 4 at once
+  callbacks_outstanding   write a kv.get (key x) and answer {\"ok\":true} without awaiting it
+  foreign_callback        kv.put {key k, value 1} as target_session/target_sequence;
+                          answer {\"error\": <code or null>}
+  callback_after_answer   answer {}, then send kv.get (key x); log \"late callback answered: <code>\"
+  fatal_then_succeed      call model; ignore a fatal error; answer {\"ignored\": <code or null>}
+  calls                   perform configuration.calls [{method, input}] in order, stop at the first
+                          error; answer {\"answers\": [<result or {\"error\":{code,fatal}}>]}
+  slow_calls              as calls, waiting delay_ms before each (a cancel answers cancelled)";
 
 /// Exit status of `--crash-after-ms`.
 const CRASH_STATUS: i32 = 3;
+
+/// Exit status of the per-session fault `crash`.
+const RUN_CRASH_STATUS: i32 = 4;
 
 /// Bytes per write of `--overlong`: the line is never held whole.
 const OVERLONG_CHUNK: usize = 64 * 1024;
@@ -230,7 +280,13 @@ fn serve_faults(options: Options) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    serve_connection(&connection, &Fault { options });
+    let fault = Fault {
+        options,
+        connection: connection.clone(),
+        raw_ids: AtomicU64::new(1),
+    };
+    serve_connection(&connection, &fault);
+    drop(fault);
     connection.close();
     drop(connection);
     match threads.join() {
@@ -286,9 +342,14 @@ fn spawn_grandchild(file: &Path) -> io::Result<()> {
     Ok(())
 }
 
-/// The handler: correct by default, faulty where the options say so.
+/// The handler: correct by default, faulty where the options or the session's configuration say
+/// so.
 struct Fault {
     options: Options,
+    /// For callbacks that do not belong to the activation at hand (foreign, late, raw).
+    connection: Connection,
+    /// Numbers the ids of raw `brain/call` lines.
+    raw_ids: AtomicU64,
 }
 
 impl Handler for Fault {
@@ -361,7 +422,64 @@ impl Handler for Fault {
     }
 
     fn run(&self, activation: &Activation) -> Result<Option<Value>, HandlerError> {
-        Ok(Some(json!({ "echo": activation.params() })))
+        let configuration = activation
+            .params()
+            .pointer("/input/configuration")
+            .cloned()
+            .unwrap_or(Value::Null);
+        let mode = match configuration.get("fault") {
+            None => "echo",
+            Some(Value::String(mode)) => mode.as_str(),
+            Some(other) => {
+                return Err(HandlerError::harness(format!(
+                    "configuration.fault must be a string, not {other}"
+                )));
+            }
+        };
+        match mode {
+            "echo" => Ok(Some(json!({ "echo": activation.params() }))),
+            "hang" => {
+                activation.cancel_token().wait();
+                Err(HandlerError::cancelled())
+            }
+            "ignore_cancel" => {
+                eprintln!(
+                    "brain-fault-harness: activation {} of {} will never answer (ignore_cancel)",
+                    activation.sequence(),
+                    activation.session_id()
+                );
+                loop {
+                    thread::park();
+                }
+            }
+            "crash" => {
+                eprintln!(
+                    "brain-fault-harness: crashing with status {RUN_CRASH_STATUS} (fault crash)"
+                );
+                std::process::exit(RUN_CRASH_STATUS);
+            }
+            "callbacks_outstanding" => self.callbacks_outstanding(activation),
+            "foreign_callback" => self.foreign_callback(&configuration),
+            "callback_after_answer" => self.callback_after_answer(activation),
+            "fatal_then_succeed" => fatal_then_succeed(activation),
+            "calls" => calls(activation, &configuration, None),
+            "slow_calls" => {
+                let delay = configuration
+                    .get("delay_ms")
+                    .and_then(Value::as_u64)
+                    .ok_or_else(|| {
+                        HandlerError::harness("slow_calls needs an integer configuration.delay_ms")
+                    })?;
+                calls(
+                    activation,
+                    &configuration,
+                    Some(Duration::from_millis(delay)),
+                )
+            }
+            other => Err(HandlerError::harness(format!(
+                "unknown fault mode: {other}"
+            ))),
+        }
     }
 
     fn shutdown(&self) {
@@ -401,4 +519,146 @@ fn flood(connection: &Connection) {
         }
         n = n.wrapping_add(1);
     }
+}
+
+impl Fault {
+    /// `callbacks_outstanding`: queue a `kv.get` line ahead of the run answer and never wait for it.
+    ///
+    /// Written raw, with an id the SDK does not track, because a tracked call would have to be
+    /// awaited; queued on the same writer before `run` returns, so it precedes the answer on stdout.
+    fn callbacks_outstanding(
+        &self,
+        activation: &Activation,
+    ) -> Result<Option<Value>, HandlerError> {
+        let n = self.raw_ids.fetch_add(1, Ordering::Relaxed);
+        let request = json!({
+            "jsonrpc": "2.0",
+            "id": format!("fault-outstanding-{n}"),
+            "method": "brain/call",
+            "params": {
+                "session_id": activation.session_id(),
+                "sequence": activation.sequence(),
+                "method": "kv.get",
+                "input": {"key": "x"},
+            },
+        });
+        let line = serde_json::to_vec(&request)
+            .map_err(|error| HandlerError::harness(format!("encoding kv.get: {error}")))?;
+        self.connection
+            .send_raw_line(line)
+            .map_err(|error| HandlerError::harness(format!("sending kv.get: {error}")))?;
+        Ok(Some(json!({ "ok": true })))
+    }
+
+    /// `foreign_callback`: `kv.put` in the name of another activation.
+    fn foreign_callback(&self, configuration: &Value) -> Result<Option<Value>, HandlerError> {
+        let session = configuration.get("target_session").and_then(Value::as_str);
+        let sequence = configuration.get("target_sequence").and_then(Value::as_u64);
+        let (Some(session), Some(sequence)) = (session, sequence) else {
+            return Err(HandlerError::harness(
+                "foreign_callback needs a string target_session and an integer target_sequence",
+            ));
+        };
+        let answer =
+            self.connection
+                .call(session, sequence, "kv.put", json!({"key": "k", "value": 1}));
+        let error = answer.err().map(|error| error.code);
+        Ok(Some(json!({ "error": error })))
+    }
+
+    /// `callback_after_answer`: a `kv.get` for this activation sent after its run answer.
+    ///
+    /// The SDK queues the answer on the run's thread right after [`Handler::run`] returns and then
+    /// lets the thread end. A thread-local guard dropped at that thread's exit tells the late
+    /// thread that the answer is queued; a flush then makes sure it has been written before the
+    /// callback is sent.
+    fn callback_after_answer(
+        &self,
+        activation: &Activation,
+    ) -> Result<Option<Value>, HandlerError> {
+        let (exited_tx, exited_rx) = crossbeam_channel::bounded::<()>(0);
+        RUN_THREAD_EXIT.with(|guard| *guard.borrow_mut() = Some(exited_tx));
+        let connection = self.connection.clone();
+        let session = activation.session_id().to_owned();
+        let sequence = activation.sequence();
+        let late = thread::Builder::new()
+            .name(format!("fault-late-{sequence}"))
+            .spawn(move || {
+                // Disconnected (never a message) when the run's thread exits.
+                let _ = exited_rx.recv();
+                if let Err(error) = connection.flush() {
+                    eprintln!("brain-fault-harness: flushing before the late callback: {error}");
+                    return;
+                }
+                let code = match connection.call(&session, sequence, "kv.get", json!({"key": "x"}))
+                {
+                    Ok(_) => "ok".to_owned(),
+                    Err(error) => error.code,
+                };
+                eprintln!("late callback answered: {code}");
+            });
+        if let Err(error) = late {
+            RUN_THREAD_EXIT.with(|guard| guard.borrow_mut().take());
+            return Err(HandlerError::harness(format!(
+                "starting the late callback's thread failed: {error}"
+            )));
+        }
+        Ok(None)
+    }
+}
+
+thread_local! {
+    /// Dropped when the thread that set it exits: see [`Fault::callback_after_answer`].
+    static RUN_THREAD_EXIT: std::cell::RefCell<Option<crossbeam_channel::Sender<()>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// `fatal_then_succeed`: a `model` call whose fatal failure is swallowed.
+fn fatal_then_succeed(activation: &Activation) -> Result<Option<Value>, HandlerError> {
+    let request = json!({"messages": [
+        {"role": "user", "content": [{"type": "text", "text": "fatal_then_succeed"}]}
+    ]});
+    let ignored = match activation.call("model", request) {
+        Err(error) if error.fatal => Some(error.code),
+        _ => None,
+    };
+    Ok(Some(json!({ "ignored": ignored })))
+}
+
+/// `calls` and `slow_calls`: the callbacks of `configuration.calls`, in order, until one fails.
+fn calls(
+    activation: &Activation,
+    configuration: &Value,
+    delay: Option<Duration>,
+) -> Result<Option<Value>, HandlerError> {
+    let planned = configuration
+        .get("calls")
+        .and_then(Value::as_array)
+        .ok_or_else(|| HandlerError::harness("configuration.calls must be an array"))?;
+    let mut steps = Vec::with_capacity(planned.len());
+    for (index, call) in planned.iter().enumerate() {
+        let Some(method) = call.get("method").and_then(Value::as_str) else {
+            return Err(HandlerError::harness(format!(
+                "configuration.calls[{index}].method must be a string"
+            )));
+        };
+        let input = call.get("input").cloned().unwrap_or_else(|| json!({}));
+        steps.push((method, input));
+    }
+    let mut answers = Vec::with_capacity(steps.len());
+    for (method, input) in steps {
+        if let Some(delay) = delay
+            && activation.cancel_token().wait_timeout(delay)
+        {
+            return Err(HandlerError::cancelled());
+        }
+        match activation.call(method, input) {
+            Ok(result) => answers.push(result),
+            Err(CallError { code, fatal, .. }) => {
+                answers.push(json!({"error": {"code": code, "fatal": fatal}}));
+                break;
+            }
+        }
+    }
+    Ok(Some(json!({ "answers": answers })))
 }
