@@ -1,1 +1,249 @@
 //! The journal: per-session ordered records and their projections.
+//!
+//! Each session's journal is a logical stream of records with its own sequence counter (1, 2, 3,
+//! … without gaps). Transcript, kv, events cursor, activation marker and status are projections of
+//! that stream, computed by one function, [`apply`], so that every implementation (and a replay at
+//! startup) derives the same [`SessionView`] from the same records (PROTOCOL.md §6, §7.2, §11).
+//!
+//! [`Journal`] is the seam the dispatcher and the callback executors are written against.
+//! Appending is split in two: [`Journal::append`] assigns the sequence and updates the projections
+//! at once and never blocks on I/O; [`Journal::on_durable`] reports when the record is durable.
+//! Nothing may be acknowledged to anyone, or used as an effect fence, before that report
+//! (PROTOCOL.md §7.1, §11). Threads that may block use [`append_durable`].
+//!
+//! [`MemoryJournal`] keeps everything in memory: every record is durable the moment it is appended.
+
+mod memory;
+mod projection;
+
+pub use memory::MemoryJournal;
+pub use projection::{ACTIVATION_MARKER_KEY, EVENTS_CURSOR_KEY, apply};
+
+use crate::protocol::harness::{ErrorCode, Event, EventOrigin, Message, RecordKind};
+use crate::session::SessionId;
+use serde_json::{Map, Value};
+use std::fmt;
+
+/// A record to append: what it is, its payload, and where it came from.
+///
+/// The journal assigns the sequence and the `recorded_at_ms` stamp; everything else is stored as
+/// given. The payload shapes the projections read are listed on [`apply`]; an `event_emitted`
+/// record's data is `{"type": String, "data": Value}` (what [`Journal::pending_events`] unwraps).
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewRecord {
+    /// The record's kind.
+    pub kind: RecordKind,
+    /// The record's payload.
+    pub data: Value,
+    /// Who caused it, when that matters (an `event_emitted` record's emitter).
+    pub origin: Option<EventOrigin>,
+}
+
+/// Called once when a record is durable, or with the error that prevented it. See
+/// [`Journal::on_durable`].
+pub type DurableCallback = Box<dyn FnOnce(Result<(), JournalError>) + Send>;
+
+/// A session's lifecycle as its records project it.
+///
+/// `interrupted` is not a status here: it is derived elsewhere from [`SessionView::marker`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SessionStatus {
+    /// Created, or reopened by an `activation_queued` record after passivation.
+    Open,
+    /// A `session_passivated` record was written and no activation has been queued since.
+    Passivated,
+    /// A `session_closed` record was written. Nothing reopens a closed session.
+    Closed,
+}
+
+/// The projections of one session's records, as of its last record.
+///
+/// Built only by [`apply`]; [`SessionView::default`] is the view before any record.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionView {
+    /// The session's lifecycle status.
+    pub status: SessionStatus,
+    /// The data of the `session_created` record.
+    pub created: Value,
+    /// The activation marker: the projection of kv [`ACTIVATION_MARKER_KEY`] = `{"sequence": N}`.
+    /// While it is set the session is `interrupted`.
+    pub marker: Option<u64>,
+    /// The projection of kv [`EVENTS_CURSOR_KEY`]: the last event an activation was given (0 when
+    /// absent).
+    pub events_cursor: u64,
+    /// The transcript, as the `transcript_delta` records built it.
+    pub transcript: Vec<Message>,
+    /// The sequence of the last `transcript_delta` record (0 if none).
+    pub transcript_through: u64,
+    /// All kv keys, including the reserved `brain.` ones.
+    pub kv: Map<String, Value>,
+    /// The sequence of the last record (0 before any).
+    pub last_sequence: u64,
+    /// The number of `model_call_started` records so far.
+    pub model_calls: u64,
+    /// The sequences of the `model_call_started`, `tool_call_started` and `environment_started`
+    /// records that have no finished record yet, oldest first.
+    pub unfinished_effects: Vec<u64>,
+}
+
+impl Default for SessionView {
+    /// The view before any record: open, nothing created, no marker, empty transcript and kv.
+    fn default() -> SessionView {
+        SessionView {
+            status: SessionStatus::Open,
+            created: Value::Null,
+            marker: None,
+            events_cursor: 0,
+            transcript: Vec::new(),
+            transcript_through: 0,
+            kv: Map::new(),
+            last_sequence: 0,
+            model_calls: 0,
+            unfinished_effects: Vec::new(),
+        }
+    }
+}
+
+/// Why a journal operation was refused or failed.
+#[derive(Debug, Clone)]
+pub enum JournalError {
+    /// The session was never created, or it was deleted.
+    UnknownSession(SessionId),
+    /// [`Journal::create`] named a session that exists.
+    AlreadyExists(SessionId),
+    /// The journal could not do what was asked (an I/O failure, or a request it refuses, such as
+    /// a first record that is not `session_created`). The text says what and why.
+    Failed(String),
+}
+
+impl JournalError {
+    /// The error code callers report (PROTOCOL.md §10): `unknown_session`, `invalid_request`
+    /// (for [`JournalError::AlreadyExists`]) or `journal_failed`.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            JournalError::UnknownSession(_) => ErrorCode::UnknownSession,
+            JournalError::AlreadyExists(_) => ErrorCode::InvalidRequest,
+            JournalError::Failed(_) => ErrorCode::JournalFailed,
+        }
+    }
+}
+
+impl fmt::Display for JournalError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            JournalError::UnknownSession(session) => write!(f, "unknown session {session}"),
+            JournalError::AlreadyExists(session) => write!(f, "session {session} already exists"),
+            JournalError::Failed(why) => write!(f, "journal failed: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for JournalError {}
+
+/// Per-session ordered, durable records and their projections (PROTOCOL.md §11).
+///
+/// Every method may be called from any thread. Per session, records are totally ordered by their
+/// sequence, which is assigned under the session's own lock; different sessions never wait on each
+/// other's appends. No method blocks on I/O except where stated: durability is reported through
+/// [`Journal::on_durable`]. The journal enforces no lifecycle rules (busy, interrupted, closed):
+/// the dispatcher does; it only refuses what would break the stream itself.
+pub trait Journal: Send + Sync + 'static {
+    /// Creates the session's stream, whose first record (sequence 1) is `record`, and returns 1.
+    ///
+    /// Refuses with [`JournalError::Failed`] a record whose kind is not `session_created`, and
+    /// with [`JournalError::AlreadyExists`] a session that exists. A deleted id may be created
+    /// again: it starts a new stream and none of the old records is ever visible again. Like
+    /// [`Journal::append`], it does not wait for durability.
+    fn create(&self, session: &SessionId, record: NewRecord) -> Result<u64, JournalError>;
+
+    /// Appends `record`: assigns the session's next sequence (1, 2, 3, … per session, no gaps),
+    /// stamps `recorded_at_ms` (wall clock, milliseconds since the Unix epoch, never decreasing
+    /// within a session), applies the record to the projections with [`apply`], and queues it for
+    /// durability. Returns the sequence at once; the record is visible to reads immediately, but
+    /// is not durable until [`Journal::on_durable`] says so.
+    ///
+    /// Refuses with [`JournalError::UnknownSession`] a session never created or deleted, and with
+    /// [`JournalError::Failed`] a `session_created` record (use [`Journal::create`]). Malformed
+    /// data is stored anyway (see [`apply`]).
+    fn append(&self, session: &SessionId, record: NewRecord) -> Result<u64, JournalError>;
+
+    /// Calls `done` exactly once: with `Ok` once every record of `session` up to `sequence` is
+    /// durable, or with the error that prevented it ([`JournalError::UnknownSession`] for a
+    /// session that does not exist, [`JournalError::Failed`] for a sequence never appended or a
+    /// write that failed).
+    ///
+    /// May call `done` inline before returning (the in-memory journal always does), or later on
+    /// another thread. Never calls it while holding a lock the caller could need, so `done` may
+    /// call the journal. `done` must not block for long: it may run on the journal's own thread.
+    fn on_durable(&self, session: &SessionId, sequence: u64, done: DurableCallback);
+
+    /// The records with sequence greater than `after`, oldest first, at most `limit`: each as an
+    /// [`Event`] whose `type` is the record's kind (e.g. `event_emitted`) and whose `data` is the
+    /// record's payload as appended. May include records not yet durable.
+    fn read(
+        &self,
+        session: &SessionId,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<Event>, JournalError>;
+
+    /// The `event_emitted` records with sequence greater than `after` whose origin kind is not
+    /// `agentloop` (a record without origin counts), oldest first, at most `limit`: the events an
+    /// activation is given (PROTOCOL.md §6).
+    ///
+    /// Each comes as the harness sees it: `type` and `data` are the emitter's, taken from the
+    /// record's `{"type","data"}` payload (absent `data` is `null`); `sequence`, `recorded_at_ms`
+    /// and `origin` are the record's. A record whose payload lacks a string `type` (a bug in whoever
+    /// built it) is logged and given as [`Journal::read`] would give it.
+    fn pending_events(
+        &self,
+        session: &SessionId,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<Event>, JournalError>;
+
+    /// A copy of the session's projections as of its last appended record.
+    fn view(&self, session: &SessionId) -> Result<SessionView, JournalError>;
+
+    /// A copy of one kv value: `None` for an absent key, `Some(Value::Null)` for a stored `null`.
+    /// Reserved `brain.` keys are readable too.
+    fn kv_get(&self, session: &SessionId, key: &str) -> Result<Option<Value>, JournalError>;
+
+    /// Makes the session unreadable at once: every later call naming it fails
+    /// [`JournalError::UnknownSession`] (an append racing with the delete either lands before it
+    /// or fails). Space is reclaimed later. [`JournalError::UnknownSession`] if it does not exist.
+    fn delete(&self, session: &SessionId) -> Result<(), JournalError>;
+
+    /// The ids of every existing (created and not deleted) session, in id order.
+    fn sessions(&self) -> Result<Vec<SessionId>, JournalError>;
+}
+
+/// Appends `record` and blocks until it is durable (or failed to be); returns its sequence.
+///
+/// For threads that may block, such as callback executors; the dispatcher uses
+/// [`Journal::append`] and [`Journal::on_durable`] instead. If the record was appended but could
+/// not be made durable, the error is returned and the sequence is lost to the caller: the record
+/// must not be acknowledged.
+pub fn append_durable(
+    journal: &dyn Journal,
+    session: &SessionId,
+    record: NewRecord,
+) -> Result<u64, JournalError> {
+    let sequence = journal.append(session, record)?;
+    let (sender, receiver) = crossbeam_channel::bounded(1);
+    journal.on_durable(
+        session,
+        sequence,
+        Box::new(move |result| {
+            // The receiver is alive until `recv` returns; a failed send cannot happen and would
+            // only mean nobody waits any more.
+            let _ = sender.send(result);
+        }),
+    );
+    match receiver.recv() {
+        Ok(result) => result.map(|()| sequence),
+        Err(_) => Err(JournalError::Failed(format!(
+            "the journal dropped the durability callback of record {sequence} of session {session}"
+        ))),
+    }
+}
