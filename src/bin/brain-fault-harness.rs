@@ -16,7 +16,8 @@
 //! - `"ignore_cancel"`: never answer, whatever happens (Brain must kill the worker after the cancel
 //!   grace); the worker then outlives the end of its stdin.
 //! - `"crash"`: exit the process with status 4 as soon as the run arrives.
-//! - `"callbacks_outstanding"`: write a `kv.get` request (key `x`) for its own activation, then
+//! - `"callbacks_outstanding"`: write the request `call` (`{"method","input"}`, default a `kv.get`
+//!   of key `x`) for its own activation, then
 //!   answer `{"result":{"ok":true}}` at once without waiting for Brain's answer. The request is
 //!   written with an id of its own (`fault-outstanding-<n>`) ahead of the run answer, so Brain
 //!   always sees it first; Brain's later answer to it is logged by the SDK as unexpected.
@@ -25,9 +26,15 @@
 //!   `{"result":{"error": <Brain's error code, or null when it succeeded>}}`.
 //! - `"callback_after_answer"`: answer `{}`, and once that answer is written send `kv.get` (key `x`)
 //!   for its own activation; Brain's answer is logged to stderr as
-//!   `late callback answered: <code>` (`ok` when it succeeded).
-//! - `"fatal_then_succeed"`: call `model`; when it fails fatally, ignore that and answer
+//!   `late callback answered: <code>` (`ok` when it succeeded). With `exit_with_answer: true` the
+//!   process then exits with status 5 when the answer was `activation_closed`, 6 otherwise.
+//! - `"fatal_then_succeed"`: call `model` (first waiting for Brain's `cancel` when
+//!   `after_cancel` is `true`); when it fails fatally, ignore that and answer
 //!   `{"result":{"ignored": <the code>}}` (`null` when the call did not fail fatally).
+//! - `"fail"`: answer `run` with an error whose `data.code` is `code` (default `harness_error`).
+//! - `"complete_on_cancel"`: wait for Brain's `cancel`, then answer with a result anyway.
+//! - `"malformed"`: answer `run` with `{"result":"a bare string"}` (bypassing the SDK), then wait
+//!   for cancellation.
 //! - `"calls"`: perform the callbacks in `calls` — an array of `{"method", "input"}` — in order,
 //!   stopping at the first error, and answer `{"result":{"answers":[…]}}`, one entry per callback
 //!   made: its result, or `{"error":{"code","fatal"}}`.
@@ -86,6 +93,10 @@ Per-session faults: each run reads the string params.input.configuration.fault:
   calls                   perform configuration.calls [{method, input}] in order, stop at the first
                           error; answer {\"answers\": [<result or {\"error\":{code,fatal}}>]}
   slow_calls              as calls, waiting delay_ms before each (a cancel answers cancelled)";
+
+/// Exit status after `callback_after_answer` with `exit_with_answer`, by Brain's answer.
+const LATE_CLOSED_STATUS: i32 = 5;
+const LATE_OTHER_STATUS: i32 = 6;
 
 /// Exit status of `--crash-after-ms`.
 const CRASH_STATUS: i32 = 3;
@@ -458,10 +469,35 @@ impl Handler for Fault {
                 );
                 std::process::exit(RUN_CRASH_STATUS);
             }
-            "callbacks_outstanding" => self.callbacks_outstanding(activation),
+            "callbacks_outstanding" => self.callbacks_outstanding(activation, &configuration),
             "foreign_callback" => self.foreign_callback(&configuration),
-            "callback_after_answer" => self.callback_after_answer(activation),
-            "fatal_then_succeed" => fatal_then_succeed(activation),
+            "callback_after_answer" => self.callback_after_answer(activation, &configuration),
+            "fatal_then_succeed" => fatal_then_succeed(activation, &configuration),
+            "fail" => Err(HandlerError::new(
+                configuration
+                    .get("code")
+                    .and_then(Value::as_str)
+                    .unwrap_or("harness_error"),
+                "failed on purpose (fault fail)",
+            )),
+            "complete_on_cancel" => {
+                activation.cancel_token().wait();
+                Ok(Some(json!({"completed_after_cancel": true})))
+            }
+            "malformed" => {
+                // The SDK always nests `run` answers correctly; a malformed one must bypass it.
+                // The SDK numbers nothing here: Brain's id for this run is in the params' echo
+                // only as the request id, which the activation exposes.
+                let line = format!(
+                    r#"{{"jsonrpc":"2.0","id":{},"result":"a bare string"}}"#,
+                    activation.request_id()
+                );
+                self.connection
+                    .send_raw_line(line.into_bytes())
+                    .map_err(|error| HandlerError::harness(format!("sending: {error}")))?;
+                activation.cancel_token().wait();
+                Err(HandlerError::cancelled())
+            }
             "calls" => calls(activation, &configuration, None),
             "slow_calls" => {
                 let delay = configuration
@@ -529,7 +565,12 @@ impl Fault {
     fn callbacks_outstanding(
         &self,
         activation: &Activation,
+        configuration: &Value,
     ) -> Result<Option<Value>, HandlerError> {
+        let call = configuration
+            .get("call")
+            .cloned()
+            .unwrap_or_else(|| json!({"method": "kv.get", "input": {"key": "x"}}));
         let n = self.raw_ids.fetch_add(1, Ordering::Relaxed);
         let request = json!({
             "jsonrpc": "2.0",
@@ -538,8 +579,8 @@ impl Fault {
             "params": {
                 "session_id": activation.session_id(),
                 "sequence": activation.sequence(),
-                "method": "kv.get",
-                "input": {"key": "x"},
+                "method": call.get("method").cloned().unwrap_or(Value::Null),
+                "input": call.get("input").cloned().unwrap_or_else(|| json!({})),
             },
         });
         let line = serde_json::to_vec(&request)
@@ -575,7 +616,9 @@ impl Fault {
     fn callback_after_answer(
         &self,
         activation: &Activation,
+        configuration: &Value,
     ) -> Result<Option<Value>, HandlerError> {
+        let exit_with_answer = configuration.get("exit_with_answer") == Some(&Value::Bool(true));
         let (exited_tx, exited_rx) = crossbeam_channel::bounded::<()>(0);
         RUN_THREAD_EXIT.with(|guard| *guard.borrow_mut() = Some(exited_tx));
         let connection = self.connection.clone();
@@ -596,6 +639,14 @@ impl Fault {
                     Err(error) => error.code,
                 };
                 eprintln!("late callback answered: {code}");
+                if exit_with_answer {
+                    // Lets a host's test observe the answer through the worker's exit status.
+                    std::process::exit(if code == "activation_closed" {
+                        LATE_CLOSED_STATUS
+                    } else {
+                        LATE_OTHER_STATUS
+                    });
+                }
             });
         if let Err(error) = late {
             RUN_THREAD_EXIT.with(|guard| guard.borrow_mut().take());
@@ -613,8 +664,15 @@ thread_local! {
         const { std::cell::RefCell::new(None) };
 }
 
-/// `fatal_then_succeed`: a `model` call whose fatal failure is swallowed.
-fn fatal_then_succeed(activation: &Activation) -> Result<Option<Value>, HandlerError> {
+/// `fatal_then_succeed`: a `model` call whose fatal failure is swallowed. With
+/// `after_cancel: true` it first waits for Brain's `cancel`, so that the call fails `cancelled`.
+fn fatal_then_succeed(
+    activation: &Activation,
+    configuration: &Value,
+) -> Result<Option<Value>, HandlerError> {
+    if configuration.get("after_cancel") == Some(&Value::Bool(true)) {
+        activation.cancel_token().wait();
+    }
     let request = json!({"messages": [
         {"role": "user", "content": [{"type": "text", "text": "fatal_then_succeed"}]}
     ]});

@@ -3,6 +3,7 @@
 use super::connection::Connection;
 use super::error::CallError;
 use crate::cancel::CancelToken;
+use crate::protocol::jsonrpc::RequestId;
 use serde_json::Value;
 
 /// One activation (one `run` request) being executed by a [`Handler`](super::Handler).
@@ -15,6 +16,7 @@ pub struct Activation {
     params: Value,
     cancel: CancelToken,
     connection: Connection,
+    request_id: RequestId,
 }
 
 impl Activation {
@@ -24,6 +26,7 @@ impl Activation {
         params: Value,
         cancel: CancelToken,
         connection: Connection,
+        request_id: RequestId,
     ) -> Activation {
         Activation {
             session_id,
@@ -31,7 +34,14 @@ impl Activation {
             params,
             cancel,
             connection,
+            request_id,
         }
+    }
+
+    /// The JSON-RPC id of the `run` request (for harnesses that answer it themselves, such as a
+    /// fault harness testing how a host treats malformed answers).
+    pub fn request_id(&self) -> &RequestId {
+        &self.request_id
     }
 
     /// The session this activation belongs to.

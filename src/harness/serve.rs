@@ -219,6 +219,7 @@ fn start_run<'scope, 'env, H: Handler + ?Sized>(
         params,
         token,
         connection.clone(),
+        id.clone(),
     );
     let spawned = std::thread::Builder::new()
         .name(format!("harness-run-{sequence}"))
