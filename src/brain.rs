@@ -1,24 +1,39 @@
 //! The embedding API: start Brain, watch its workers, shut it down.
 
+use crate::api::{self, ApiError, Session, SessionInfo};
+use crate::callbacks::Executor;
+use crate::capacity::CapacityQueue;
 use crate::config::{ConfigError, Registrations};
-use crate::dispatch::{self, Command, Inputs};
+use crate::dispatch::{Command, Dispatcher, Inputs, Internal};
+use crate::effects::Effects;
+use crate::journal::{Journal, MemoryJournal};
 use crate::options::Options;
 use crate::pool::{Pool, StartupRefusal};
+use crate::protocol::harness::ErrorCode;
+use crate::session::{CreateSession, SessionId};
+use crate::sessions::QueueEntry;
 use crate::status::{PoolStatus, StatusBoard};
 use crate::timer::Timer;
+use crate::watch::WatchedJournal;
 use crossbeam_channel::Sender;
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-/// What [`Brain::start`] needs: the registrations and the tunables.
-#[derive(Debug, Clone)]
+/// What [`Brain::start`] needs: the registrations, the tunables, the journal, and the model
+/// providers and environment drivers.
+#[derive(Clone)]
 pub struct Config {
     /// The harness registrations, by name.
     pub registrations: Registrations,
     /// Deadlines, limits and the data directory.
     pub options: Options,
+    /// Where records go. `None` is an in-memory journal: nothing survives the process.
+    pub journal: Option<Arc<dyn Journal>>,
+    /// Model providers and environment drivers by name (`scripted` is always there).
+    pub effects: Effects,
 }
 
 impl Config {
@@ -27,7 +42,19 @@ impl Config {
         Config {
             registrations,
             options: Options::default(),
+            journal: None,
+            effects: Effects::default(),
         }
+    }
+}
+
+impl fmt::Debug for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Config")
+            .field("registrations", &self.registrations)
+            .field("options", &self.options)
+            .field("journal", &self.journal.as_ref().map(|_| "custom"))
+            .finish()
     }
 }
 
@@ -122,6 +149,34 @@ pub struct Brain {
     commands: Sender<Command>,
     board: Arc<StatusBoard>,
     dispatcher: Option<JoinHandle<()>>,
+    options: Options,
+    journal: Arc<WatchedJournal>,
+}
+
+/// Starts the feeder of one slot: it moves activations from the slot's capacity queue to the
+/// dispatcher as capacity frees, and ends when the queue is stopped.
+fn start_feeder(
+    registration: &str,
+    index: usize,
+    slot: u32,
+    queue: Arc<CapacityQueue<QueueEntry>>,
+    internal: Sender<Internal>,
+) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name(format!("brain-w:{registration}/{slot}-feed"))
+        .spawn(move || {
+            while let Some(entry) = queue.take() {
+                let fed = Internal::Fed {
+                    registration: index,
+                    slot,
+                    entry,
+                };
+                if internal.send(fed).is_err() {
+                    return;
+                }
+            }
+        })?;
+    Ok(())
 }
 
 impl Brain {
@@ -142,27 +197,83 @@ impl Brain {
         }
         let mut options = config.options;
         options.data_dir = cwd.join(&options.data_dir);
+        let journal = Arc::new(WatchedJournal::new(match config.journal {
+            Some(journal) => journal,
+            None => Arc::new(MemoryJournal::new()),
+        }));
 
         let (deadline_tx, deadlines) = crossbeam_channel::unbounded();
         let timer = Timer::start(deadline_tx).map_err(io_error("starting the timer thread"))?;
         let (commands_tx, commands) = crossbeam_channel::unbounded();
+        let (internal_tx, internal) = crossbeam_channel::unbounded();
         let (events_tx, events) = crossbeam_channel::bounded(1024);
         let (startup_tx, startup) = crossbeam_channel::bounded(1);
         let board = Arc::new(StatusBoard::default());
-        let pool = Pool::new(resolved, options, events_tx, timer, board.clone());
+
+        let mut queues = Vec::new();
+        for (r, (registration, _)) in resolved.iter().enumerate() {
+            let mut slots = Vec::new();
+            for slot in 0..registration.workers {
+                let queue = Arc::new(CapacityQueue::new(
+                    registration.max_concurrency as usize,
+                    options.queue_bound,
+                ));
+                start_feeder(
+                    &registration.name,
+                    r,
+                    slot,
+                    queue.clone(),
+                    internal_tx.clone(),
+                )
+                .map_err(io_error("starting a feeder thread"))?;
+                slots.push(queue);
+            }
+            queues.push(slots);
+        }
+        let executor = Executor::start(
+            options.callback_threads,
+            journal.clone(),
+            config.effects.clone(),
+            internal_tx.clone(),
+        )
+        .map_err(io_error("starting the callback threads"))?;
+        let pool = Pool::new(
+            resolved,
+            options.clone(),
+            events_tx,
+            timer.clone(),
+            board.clone(),
+        );
+        let dispatcher = Dispatcher {
+            pool,
+            sessions: HashMap::new(),
+            journal: journal.clone(),
+            effects: config.effects,
+            queues,
+            executor,
+            internal: internal_tx,
+            commands: commands_tx.clone(),
+            timer,
+            options: options.clone(),
+            stopping: None,
+            pending_runs: HashMap::new(),
+        };
         let inputs = Inputs {
             deadlines,
+            internal,
             commands,
             events,
         };
         let dispatcher = std::thread::Builder::new()
             .name("brain-dispatch".into())
-            .spawn(move || dispatch::run(pool, inputs, startup_tx))
+            .spawn(move || dispatcher.run(inputs, startup_tx))
             .map_err(io_error("starting the dispatcher thread"))?;
         let mut brain = Brain {
             commands: commands_tx,
             board,
             dispatcher: Some(dispatcher),
+            options,
+            journal,
         };
         match startup.recv() {
             Ok(Ok(())) => Ok(brain),
@@ -206,9 +317,69 @@ impl Brain {
         }
     }
 
-    /// Stops every worker: each healthy one is sent `shutdown`, its stdin is closed once it
-    /// answers, and its process group is killed if it is still running `grace` later (a zero grace
-    /// kills at once). Blocks until every worker has been reaped. Calling it again does nothing.
+    /// Creates a session (PROTOCOL.md §2) and returns its handle once `session_created` is
+    /// durable. Refuses, naming what was wrong: an invalid request (`invalid_request`),
+    /// `unknown_agentloop`, `agentloop_unavailable` (no healthy worker), `invalid_configuration`,
+    /// `missing_model_metadata`, `unsupported_input`, `shutting_down`.
+    pub fn create_session(&self, request: CreateSession) -> Result<Session, ApiError> {
+        request
+            .validate()
+            .map_err(|error| ApiError::new(error.code, error.message))?;
+        let id = SessionId::generate().map_err(|error| {
+            ApiError::new(
+                ErrorCode::InvalidRequest,
+                format!("generating a session id: {error}"),
+            )
+        })?;
+        let state_dir = self
+            .options
+            .data_dir
+            .join("agentloops")
+            .join(&request.agentloop.name)
+            .join(id.as_str());
+        let info: SessionInfo = api::request(&self.commands, |reply| Command::Create {
+            id: id.clone(),
+            request: Box::new(request),
+            state_dir,
+            reply,
+        })?;
+        if let Err(error) = std::fs::create_dir_all(&info.state_dir) {
+            log::warn!(
+                "session {id}: creating its state directory {} failed: {error}",
+                info.state_dir.display()
+            );
+        }
+        Ok(self.session(&id))
+    }
+
+    /// Parses a create-session request from JSON (strictly) and creates it.
+    pub fn create_session_json(&self, json: &[u8]) -> Result<Session, ApiError> {
+        let request =
+            CreateSession::parse(json).map_err(|error| ApiError::new(error.code, error.message))?;
+        self.create_session(request)
+    }
+
+    /// A handle on an existing session. Never blocks; calls on it answer `unknown_session` if
+    /// there is no such session.
+    pub fn session(&self, id: &SessionId) -> Session {
+        Session {
+            id: id.clone(),
+            commands: self.commands.clone(),
+            journal: self.journal.clone(),
+        }
+    }
+
+    /// Every session, in id order.
+    pub fn sessions(&self) -> Result<Vec<SessionInfo>, ApiError> {
+        api::request(&self.commands, |reply| Command::List { reply })
+    }
+
+    /// Stops Brain: new sessions and activations are refused (`shutting_down`), queued activations
+    /// end `cancelled` (`shutting_down`), running ones are sent `cancel` (and their workers killed
+    /// one cancel grace later if they do not answer); then each healthy worker is sent `shutdown`,
+    /// its stdin is closed once it answers, and its process group is killed if it is still running
+    /// `grace` later (a zero grace skips the cancel and kills at once). Blocks until every worker
+    /// has been reaped. Calling it again does nothing.
     pub fn shutdown(&mut self, grace: Duration) {
         self.stop(grace);
     }

@@ -1,74 +1,339 @@
-//! The dispatcher thread: the one owner of the pool's state.
+//! The dispatcher thread: the one owner of worker, session and activation state.
 //!
-//! Three channels feed it, polled in priority order: due deadlines from the timer thread, commands
-//! from API callers, and events from the workers' threads. Deadlines come first so that a harness
-//! flooding its stdout cannot delay a kill; commands next so that callers are served under load.
-//! The dispatcher never blocks on anything but these channels: pipe writes belong to the writer
-//! threads and waits for processes to the waiter threads.
+//! Four channels feed it, polled in priority order: due deadlines from the timer thread; internal
+//! completions (a record became durable, a feeder handed over an activation, a callback finished);
+//! commands from API callers; and events from the workers' threads. Deadlines come first so that a
+//! harness flooding its stdout cannot delay a kill; completions next because they free resources.
+//! The dispatcher never blocks on anything but these channels: pipe writes belong to writer
+//! threads, waits for processes to waiter threads, fsyncs to the journal, effects to the callback
+//! executor.
 
-use crate::pool::{Deadline, Pool, StartupRefusal};
+use crate::api::{Activation, ApiError, Cancelled, SessionInfo};
+use crate::callbacks::{CallbackDone, Executor};
+use crate::capacity::CapacityQueue;
+use crate::effects::Effects;
+use crate::journal::{Journal, JournalError};
+use crate::options::Options;
+use crate::pool::{Deadline, Happening, Pool, StartupRefusal};
+use crate::protocol::harness::UserInput;
+use crate::session::{CreateSession, SessionId};
+use crate::sessions::{DurableToken, QueueEntry, SessionState};
+use crate::timer::Timer;
 use crate::worker::{WorkerEvent, WorkerKey};
 use crossbeam_channel::{Receiver, Sender, never, select_biased};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
-/// Requests from API callers to the dispatcher.
+type Reply<T> = Sender<Result<T, ApiError>>;
+
+/// Requests from API callers to the dispatcher. Each carries the channel its answer goes to.
 #[derive(Debug)]
 pub(crate) enum Command {
-    /// Stop every worker (shutdown request, then a kill after `grace`) and end the loop; `done` is
-    /// dropped when the dispatcher has stopped.
+    /// Stop: cancel what runs, stop every worker, end the loop; `done` is dropped at the end.
     Shutdown { grace: Duration, done: Sender<()> },
+    /// Create a session (already parsed and validated by the caller).
+    Create {
+        id: SessionId,
+        request: Box<CreateSession>,
+        state_dir: PathBuf,
+        reply: Reply<SessionInfo>,
+    },
+    /// Start an activation.
+    Send {
+        session: SessionId,
+        input: Option<UserInput>,
+        deadline: Option<Duration>,
+        reply: Reply<Activation>,
+    },
+    /// Cancel the session's activation (this one, when `sequence` is given).
+    Cancel {
+        session: SessionId,
+        sequence: Option<u64>,
+        reply: Reply<Cancelled>,
+    },
+    /// Passivate a session.
+    Passivate {
+        session: SessionId,
+        reply: Reply<SessionInfo>,
+    },
+    /// Close a session.
+    Close {
+        session: SessionId,
+        reply: Reply<SessionInfo>,
+    },
+    /// Delete a session; answers with its state directory for the caller to remove.
+    Delete {
+        session: SessionId,
+        reply: Reply<PathBuf>,
+    },
+    /// View one session.
+    Info {
+        session: SessionId,
+        reply: Reply<SessionInfo>,
+    },
+    /// View every session.
+    List { reply: Reply<Vec<SessionInfo>> },
+}
+
+/// Completions the dispatcher's own helpers report.
+pub(crate) enum Internal {
+    /// Records up to a sequence are durable (or failed to become so).
+    Durable {
+        token: DurableToken,
+        result: Result<(), JournalError>,
+    },
+    /// A feeder took this activation off its slot's capacity queue.
+    Fed {
+        registration: usize,
+        slot: u32,
+        entry: QueueEntry,
+    },
+    /// A callback finished on the executor.
+    CallbackDone(CallbackDone),
 }
 
 /// The channels the dispatcher reads.
 pub(crate) struct Inputs {
     pub(crate) deadlines: Receiver<Deadline>,
+    pub(crate) internal: Receiver<Internal>,
     pub(crate) commands: Receiver<Command>,
     pub(crate) events: Receiver<(WorkerKey, WorkerEvent)>,
 }
 
-/// Runs the dispatcher until shutdown completes. Sends the startup outcome on `startup` once every
-/// worker's first spawn has settled.
-pub(crate) fn run(mut pool: Pool, inputs: Inputs, startup: Sender<Result<(), StartupRefusal>>) {
-    let Inputs {
-        deadlines,
-        mut commands,
-        events,
-    } = inputs;
-    let mut startup = Some(startup);
-    // Held until the loop ends; dropping them tells the callers shutdown is complete.
-    let mut shutdown_waiters: Vec<Sender<()>> = Vec::new();
-    pool.spawn_all();
-    loop {
-        if let Some(reply) = startup.take_if(|_| pool.all_settled()) {
-            let outcome = pool.finish_startup();
-            pool.publish();
-            let _ = reply.send(outcome);
+/// Everything the dispatcher owns.
+pub(crate) struct Dispatcher {
+    pub(crate) pool: Pool,
+    pub(crate) sessions: HashMap<SessionId, SessionState>,
+    pub(crate) journal: Arc<dyn Journal>,
+    pub(crate) effects: Effects,
+    /// Capacity queues by registration and slot.
+    pub(crate) queues: Vec<Vec<Arc<CapacityQueue<QueueEntry>>>>,
+    pub(crate) executor: Executor,
+    pub(crate) internal: Sender<Internal>,
+    pub(crate) commands: Sender<Command>,
+    pub(crate) timer: Timer<Deadline>,
+    pub(crate) options: Options,
+    /// Set once shutdown began: the grace for the workers' `shutdown`, and whether the workers
+    /// have been told to stop.
+    pub(crate) stopping: Option<Stopping>,
+    /// Encoded `run` lines waiting for their `activation_started` record to become durable.
+    pub(crate) pending_runs: HashMap<(SessionId, u64), Vec<u8>>,
+}
+
+/// Shutdown progress.
+pub(crate) struct Stopping {
+    pub(crate) grace: Duration,
+    pub(crate) workers_stopped: bool,
+}
+
+impl Dispatcher {
+    /// Runs until shutdown completes. Sends the startup outcome on `startup` once every worker's
+    /// first spawn has settled.
+    pub(crate) fn run(mut self, inputs: Inputs, startup: Sender<Result<(), StartupRefusal>>) {
+        let Inputs {
+            deadlines,
+            internal,
+            mut commands,
+            events,
+        } = inputs;
+        let mut startup = Some(startup);
+        let mut shutdown_waiters: Vec<Sender<()>> = Vec::new();
+        self.pool.spawn_all();
+        self.settle();
+        loop {
+            if let Some(reply) = startup.take_if(|_| self.pool.all_settled()) {
+                let outcome = self.pool.finish_startup();
+                self.pool.publish();
+                self.settle();
+                let _ = reply.send(outcome);
+            }
+            if self.finished() {
+                break;
+            }
+            select_biased! {
+                recv(deadlines) -> deadline => match deadline {
+                    Ok(deadline) => self.on_deadline(deadline),
+                    Err(_) => break,
+                },
+                recv(internal) -> completion => match completion {
+                    Ok(completion) => self.on_internal(completion),
+                    Err(_) => break,
+                },
+                recv(commands) -> command => match command {
+                    Ok(Command::Shutdown { grace, done }) => {
+                        shutdown_waiters.push(done);
+                        self.begin_shutdown(grace);
+                    }
+                    Ok(command) => self.on_command(command),
+                    Err(_) => {
+                        // Every handle is gone without a shutdown: stop at once.
+                        commands = never();
+                        self.begin_shutdown(Duration::ZERO);
+                    }
+                },
+                recv(events) -> event => match event {
+                    Ok((key, event)) => self.pool.on_worker_event(key, event),
+                    Err(_) => break,
+                },
+            }
+            self.settle();
         }
-        if pool.stopped() {
-            break;
+        for queue in self.queues.iter().flatten() {
+            queue.stop();
         }
-        select_biased! {
-            recv(deadlines) -> deadline => match deadline {
-                Ok(deadline) => pool.on_deadline(deadline),
-                // The timer lives as long as the pool holds its handle; this cannot happen.
-                Err(_) => break,
-            },
-            recv(commands) -> command => match command {
-                Ok(Command::Shutdown { grace, done }) => {
-                    shutdown_waiters.push(done);
-                    pool.begin_shutdown(grace);
+        drop(shutdown_waiters);
+    }
+
+    /// Handles what the pool reported, until it reports nothing more.
+    fn settle(&mut self) {
+        loop {
+            let happenings = self.pool.take_happenings();
+            if happenings.is_empty() {
+                break;
+            }
+            for happening in happenings {
+                match happening {
+                    Happening::Request { key, request } => self.on_harness_request(key, request),
+                    Happening::Answered {
+                        key,
+                        request,
+                        outcome,
+                    } => self.on_answer(key, request, outcome),
+                    Happening::Lost {
+                        key,
+                        failure,
+                        unanswered,
+                    } => self.on_worker_lost(key, &failure, unanswered),
+                    Happening::SlotState {
+                        registration,
+                        slot,
+                        state,
+                    } => self.on_slot_state(registration, slot, state),
                 }
-                Err(_) => {
-                    // Every handle is gone without a shutdown: stop the workers at once.
-                    commands = never();
-                    pool.begin_shutdown(Duration::ZERO);
-                }
-            },
-            recv(events) -> event => match event {
-                Ok((key, event)) => pool.on_worker_event(key, event),
-                Err(_) => break,
-            },
+            }
+        }
+        if self.stopping.as_ref().is_some_and(|s| !s.workers_stopped) && self.nothing_running() {
+            self.stop_workers();
         }
     }
-    drop(shutdown_waiters);
+
+    fn on_deadline(&mut self, deadline: Deadline) {
+        match deadline {
+            Deadline::CancelGrace { session, sequence } => {
+                self.on_grace_expired(&session, sequence, "cancel")
+            }
+            Deadline::FatalGrace { session, sequence } => {
+                self.on_grace_expired(&session, sequence, "fatal callback error")
+            }
+            Deadline::Wall { session, sequence } => self.on_wall_deadline(&session, sequence),
+            Deadline::ShutdownProceed => {
+                if self.stopping.as_ref().is_some_and(|s| !s.workers_stopped) {
+                    self.stop_workers();
+                }
+            }
+            other => self.pool.on_deadline(other),
+        }
+    }
+
+    fn on_internal(&mut self, completion: Internal) {
+        match completion {
+            Internal::Durable { token, result } => self.on_durable(token, result),
+            Internal::Fed {
+                registration,
+                slot,
+                entry,
+            } => self.on_fed(registration, slot, entry),
+            Internal::CallbackDone(done) => self.on_callback_done(done),
+        }
+    }
+
+    fn on_command(&mut self, command: Command) {
+        match command {
+            Command::Shutdown { .. } => {} // handled in the loop
+            Command::Create {
+                id,
+                request,
+                state_dir,
+                reply,
+            } => self.create_session(id, *request, state_dir, reply),
+            Command::Send {
+                session,
+                input,
+                deadline,
+                reply,
+            } => self.send(&session, input, deadline, reply),
+            Command::Cancel {
+                session,
+                sequence,
+                reply,
+            } => {
+                let _ = reply.send(self.cancel(&session, sequence));
+            }
+            Command::Passivate { session, reply } => self.passivate(&session, reply),
+            Command::Close { session, reply } => self.close(&session, reply),
+            Command::Delete { session, reply } => {
+                let _ = reply.send(self.delete(&session));
+            }
+            Command::Info { session, reply } => {
+                let _ = reply.send(self.info(&session));
+            }
+            Command::List { reply } => {
+                let mut all: Vec<SessionInfo> = self
+                    .sessions
+                    .keys()
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .iter()
+                    .filter_map(|id| self.info(id).ok())
+                    .collect();
+                all.sort_by(|a, b| a.session_id.cmp(&b.session_id));
+                let _ = reply.send(Ok(all));
+            }
+        }
+    }
+
+    /// Begins shutdown: refuse new work, end queued activations, cancel running ones, and stop
+    /// the workers once nothing runs (or one cancel grace later).
+    fn begin_shutdown(&mut self, grace: Duration) {
+        if self.stopping.is_some() {
+            // A second request skips the wait.
+            self.stop_workers();
+            return;
+        }
+        self.stopping = Some(Stopping {
+            grace,
+            workers_stopped: false,
+        });
+        self.end_queued_for_shutdown();
+        if grace.is_zero() {
+            self.stop_workers();
+        } else {
+            self.cancel_all_running();
+            self.timer.at(
+                std::time::Instant::now() + self.options.cancel_grace,
+                Deadline::ShutdownProceed,
+            );
+        }
+    }
+
+    fn stop_workers(&mut self) {
+        let grace = match &mut self.stopping {
+            Some(stopping) if !stopping.workers_stopped => {
+                stopping.workers_stopped = true;
+                stopping.grace
+            }
+            Some(_) => Duration::ZERO,
+            None => return,
+        };
+        self.pool.begin_shutdown(grace);
+    }
+
+    /// Shutdown is complete: the workers are reaped and no activation is waiting for a record.
+    fn finished(&self) -> bool {
+        self.stopping.as_ref().is_some_and(|s| s.workers_stopped)
+            && self.pool.stopped()
+            && self.nothing_running()
+    }
 }

@@ -10,8 +10,11 @@
 
 #![deny(missing_docs)]
 
+mod api;
 mod brain;
+mod callbacks;
 pub mod cancel;
+mod capacity;
 pub mod config;
 mod dispatch;
 pub mod effects;
@@ -21,10 +24,16 @@ mod options;
 mod pool;
 pub mod protocol;
 pub mod session;
+mod sessions;
 pub mod status;
 mod timer;
+mod watch;
 pub mod worker;
 
+pub use api::{
+    Activation, ActivationError, ApiError, Cancelled, Canceller, Outcome, OutcomeKind, Session,
+    SessionInfo, SessionStatus,
+};
 pub use brain::{Brain, Config, StartError};
 pub use config::{ConfigError, Registration, Registrations};
 pub use options::Options;

@@ -28,6 +28,11 @@ pub struct Options {
     pub violation_limit: usize,
     /// The window for counting violations (default 60 s).
     pub violation_window: Duration,
+    /// Activations that may wait for one worker slot's capacity; more are refused `overloaded`
+    /// (default 10,000).
+    pub queue_bound: usize,
+    /// Threads that run callbacks (effects block on providers and the journal), default 64.
+    pub callback_threads: usize,
 }
 
 impl Default for Options {
@@ -43,6 +48,8 @@ impl Default for Options {
             restart_window: Duration::from_secs(60),
             violation_limit: 10,
             violation_window: Duration::from_secs(60),
+            queue_bound: 10_000,
+            callback_threads: 64,
         }
     }
 }

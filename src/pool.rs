@@ -14,9 +14,10 @@
 use crate::config::Registration;
 use crate::options::Options;
 use crate::protocol::harness::{
-    self, BrainInfo, ErrorCode, InitializeParams, InitializeResult, PROTOCOL, ShutdownParams,
+    self, BrainInfo, InitializeParams, InitializeResult, PROTOCOL, ShutdownParams,
 };
 use crate::protocol::jsonrpc::{self, Message, Request, RequestId, Response, RpcError, Violation};
+use crate::session::SessionId;
 use crate::status::{
     FailureReason, PoolStatus, RegistrationStatus, StatusBoard, WorkerFailure, WorkerState,
     WorkerStatus,
@@ -26,7 +27,7 @@ use crate::worker::process::{Exit, SpawnSpec};
 use crate::worker::violations::ViolationWindow;
 use crate::worker::{self, Running, WorkerEvent, WorkerKey, WorkerLabel};
 use crossbeam_channel::Sender;
-use serde_json::{Value, json};
+use serde_json::Value;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -36,9 +37,18 @@ use std::time::{Duration, Instant};
 /// The exit status is the better report, and it usually arrives within microseconds.
 const STDOUT_CLOSED_GRACE: Duration = Duration::from_secs(1);
 
-/// Deadlines the pool sets on the timer thread.
-#[derive(Debug, Clone, Copy)]
+/// Deadlines set on the timer thread: the pool's own, and the session layer's.
+#[derive(Debug, Clone)]
 pub(crate) enum Deadline {
+    /// `cancel` was sent this long ago; kill the worker if `run` is still unanswered.
+    CancelGrace { session: SessionId, sequence: u64 },
+    /// A fatal callback error was answered this long ago; kill the worker if `run` is still
+    /// unanswered.
+    FatalGrace { session: SessionId, sequence: u64 },
+    /// The activation's wall deadline.
+    Wall { session: SessionId, sequence: u64 },
+    /// Shutdown waited long enough for running activations; stop the workers now.
+    ShutdownProceed,
     /// The worker must have answered `initialize` by now.
     Initialize(WorkerKey),
     /// Stdout closed this long ago and the process has not exited: kill it.
@@ -51,9 +61,49 @@ pub(crate) enum Deadline {
 
 /// A request Brain sent to a worker and still waits for.
 #[derive(Debug)]
-enum Pending {
+pub(crate) enum Pending {
+    /// The worker's `initialize`.
     Initialize,
+    /// The worker's `shutdown`.
     Shutdown,
+    /// A request on behalf of a session; its answer goes to the session layer.
+    Session(SessionRequest),
+}
+
+/// Session-level requests to a worker, named so their answers can be routed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum SessionRequest {
+    /// `run` of this activation.
+    Run { session: SessionId, sequence: u64 },
+    /// `cancel` of this activation.
+    Cancel { session: SessionId, sequence: u64 },
+    /// `close` of this session.
+    Close { session: SessionId },
+}
+
+/// What the pool tells the session layer after handling an event.
+#[derive(Debug)]
+pub(crate) enum Happening {
+    /// A harness request (not a duplicate) to be answered with [`Pool::answer`].
+    Request { key: WorkerKey, request: Request },
+    /// A session request was answered.
+    Answered {
+        key: WorkerKey,
+        request: SessionRequest,
+        outcome: Result<Value, RpcError>,
+    },
+    /// The worker is gone; these session requests will never be answered.
+    Lost {
+        key: WorkerKey,
+        failure: WorkerFailure,
+        unanswered: Vec<SessionRequest>,
+    },
+    /// The slot's state changed (healthy, failed, quarantined, stopping, stopped).
+    SlotState {
+        registration: usize,
+        slot: u32,
+        state: WorkerState,
+    },
 }
 
 /// Registration-level facts fixed by the first initialize answers.
@@ -82,6 +132,8 @@ struct Slot {
     init_latency: Option<Duration>,
     /// Whether the slot's first spawn has come to an answer or a failure (startup waits for it).
     settled: bool,
+    /// The state last published (for change notices).
+    published: Option<WorkerState>,
 }
 
 #[derive(Debug)]
@@ -119,6 +171,7 @@ pub(crate) struct Pool {
     shutting_down: bool,
     started: bool,
     jitter: Jitter,
+    happenings: Vec<Happening>,
 }
 
 impl Pool {
@@ -145,6 +198,7 @@ impl Pool {
                         initialized: None,
                         init_latency: None,
                         settled: false,
+                        published: None,
                     })
                     .collect(),
                 registration,
@@ -162,6 +216,7 @@ impl Pool {
             shutting_down: false,
             started: false,
             jitter: Jitter::seeded(),
+            happenings: Vec::new(),
         }
     }
 
@@ -237,8 +292,28 @@ impl Pool {
         }
     }
 
-    pub(crate) fn publish(&self) {
-        self.board.publish(self.status());
+    /// Publishes the status and notes every slot whose state changed since the last publish.
+    pub(crate) fn publish(&mut self) {
+        let status = self.status();
+        for (r, registration) in status.registrations.iter().enumerate() {
+            for worker in &registration.workers {
+                let last = &mut self.registrations[r].slots[worker.slot as usize].published;
+                if *last != Some(worker.state) {
+                    *last = Some(worker.state);
+                    self.happenings.push(Happening::SlotState {
+                        registration: r,
+                        slot: worker.slot,
+                        state: worker.state,
+                    });
+                }
+            }
+        }
+        self.board.publish(status);
+    }
+
+    /// What happened since the last call, in order.
+    pub(crate) fn take_happenings(&mut self) -> Vec<Happening> {
+        std::mem::take(&mut self.happenings)
     }
 
     /// Whether shutdown has finished: no slot has a live process.
@@ -398,7 +473,7 @@ impl Pool {
         }
     }
 
-    fn send_line(&mut self, key: WorkerKey, line: Vec<u8>) {
+    pub(crate) fn send_line(&mut self, key: WorkerKey, line: Vec<u8>) {
         if let Some(stdin) = self
             .slot_mut(key)
             .and_then(|slot| slot.live.as_ref())
@@ -450,6 +525,12 @@ impl Pool {
                     self.spawn(r, s);
                 }
             }
+            Deadline::CancelGrace { .. }
+            | Deadline::FatalGrace { .. }
+            | Deadline::Wall { .. }
+            | Deadline::ShutdownProceed => {
+                log::error!("the pool was handed a session deadline: {deadline:?}");
+            }
             Deadline::ShutdownKill(key) => {
                 let label = self.label(key.registration, key.slot as usize);
                 if let Some(live) = self.slot_mut(key).and_then(|slot| slot.live.as_ref()) {
@@ -492,6 +573,11 @@ impl Pool {
                     live.running.stdin = None;
                 }
             }
+            Some(Pending::Session(request)) => self.happenings.push(Happening::Answered {
+                key,
+                request,
+                outcome: response.outcome,
+            }),
         }
     }
 
@@ -503,20 +589,120 @@ impl Pool {
             self.violation(key, Violation::DuplicateId, Some(&request.id));
             return;
         }
-        let answer = match request.method.as_str() {
-            harness::method::BRAIN_CALL => error_answer(
-                ErrorCode::ActivationNotActive,
-                "no activation of this worker is running",
-            ),
-            other => error_answer(
-                ErrorCode::UnknownMethod,
-                &format!("unknown method {other:?}"),
-            ),
-        };
+        self.happenings.push(Happening::Request { key, request });
+    }
+
+    /// Answers a harness request delivered as [`Happening::Request`]: its id is no longer
+    /// outstanding, and the answer line is queued to the worker (if that incarnation still runs).
+    pub(crate) fn answer(&mut self, key: WorkerKey, id: &RequestId, line: Vec<u8>) {
         if let Some(live) = self.slot_mut(key).and_then(|slot| slot.live.as_mut()) {
-            live.incoming.remove(&request.id);
+            live.incoming.remove(id);
         }
-        self.send_line(key, jsonrpc::encode_error(&request.id, &answer));
+        self.send_line(key, line);
+    }
+
+    /// Registers a session request as pending on the worker and returns its encoded line
+    /// without sending it (the caller sends it with [`Pool::send_line`] once it may). `None` when
+    /// that incarnation no longer runs.
+    pub(crate) fn prepare_request(
+        &mut self,
+        key: WorkerKey,
+        method: &str,
+        params: &impl serde::Serialize,
+        request: SessionRequest,
+    ) -> Option<Vec<u8>> {
+        let live = self.slot_mut(key).and_then(|slot| slot.live.as_mut())?;
+        if live.failing.is_some() {
+            return None;
+        }
+        let id = live.next_id;
+        live.next_id += 1;
+        live.pending.insert(id, Pending::Session(request));
+        Some(jsonrpc::encode_request(&RequestId::Int(id), method, params))
+    }
+
+    /// Sends a session request now. Returns whether the worker took it.
+    pub(crate) fn request(
+        &mut self,
+        key: WorkerKey,
+        method: &str,
+        params: &impl serde::Serialize,
+        request: SessionRequest,
+    ) -> bool {
+        match self.prepare_request(key, method, params, request) {
+            Some(line) => {
+                self.send_line(key, line);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Forgets a prepared request that will never be sent.
+    pub(crate) fn forget_request(&mut self, key: WorkerKey, request: &SessionRequest) {
+        if let Some(live) = self.slot_mut(key).and_then(|slot| slot.live.as_mut()) {
+            live.pending
+                .retain(|_, pending| !matches!(pending, Pending::Session(r) if r == request));
+        }
+    }
+
+    /// Kills a worker's process group for `reason` (a cancel grace that expired, …). Counts as a
+    /// failure of the slot.
+    pub(crate) fn kill(&mut self, key: WorkerKey, reason: FailureReason) {
+        self.fail(key, reason);
+    }
+
+    /// The current incarnation of a slot, when it is healthy and can take requests.
+    pub(crate) fn healthy_key(&self, registration: usize, slot: u32) -> Option<WorkerKey> {
+        let state = self
+            .registrations
+            .get(registration)?
+            .slots
+            .get(slot as usize)?;
+        (state.state == WorkerState::Healthy && state.live.is_some()).then_some(WorkerKey {
+            registration,
+            slot,
+            generation: state.generation,
+        })
+    }
+
+    /// Whether this incarnation is still the slot's live process.
+    pub(crate) fn is_live(&self, key: WorkerKey) -> bool {
+        self.registrations
+            .get(key.registration)
+            .and_then(|r| r.slots.get(key.slot as usize))
+            .is_some_and(|slot| {
+                slot.generation == key.generation
+                    && slot.live.as_ref().is_some_and(|l| l.failing.is_none())
+            })
+    }
+
+    /// The state of a slot.
+    pub(crate) fn slot_state(&self, registration: usize, slot: u32) -> Option<WorkerState> {
+        Some(
+            self.registrations
+                .get(registration)?
+                .slots
+                .get(slot as usize)?
+                .state,
+        )
+    }
+
+    /// The index of the registration with this name.
+    pub(crate) fn registration_index(&self, name: &str) -> Option<usize> {
+        self.registrations
+            .iter()
+            .position(|r| r.registration.name == name)
+    }
+
+    /// A registration by index.
+    pub(crate) fn registration(&self, registration: usize) -> &Registration {
+        &self.registrations[registration].registration
+    }
+
+    /// The declarations every worker of the registration repeats, once known.
+    pub(crate) fn agreed(&self, registration: usize) -> Option<&InitializeResult> {
+        self.registrations.get(registration)?.agreed.as_ref()
     }
 
     /// Counts a violation; the reader thread already logged framing violations, id violations
@@ -642,10 +828,25 @@ impl Pool {
             exit: Some(exit),
             stderr_tail: live.running.stderr_tail.snapshot(),
         };
-        fail_pending(&label, live, &failure);
-        if slot.state == WorkerState::Stopping {
+        let stopping = slot.state == WorkerState::Stopping;
+        let unanswered = live
+            .pending
+            .into_values()
+            .filter_map(|pending| match pending {
+                Pending::Session(request) => Some(request),
+                Pending::Initialize | Pending::Shutdown => None,
+            })
+            .collect();
+        self.happenings.push(Happening::Lost {
+            key,
+            failure: failure.clone(),
+            unanswered,
+        });
+        if stopping {
             log::info!("worker {label}: stopped ({exit})");
-            slot.state = WorkerState::Stopped;
+            if let Some(slot) = self.slot_mut(key) {
+                slot.state = WorkerState::Stopped;
+            }
             return;
         }
         self.settle_failure(key, failure);
@@ -735,22 +936,6 @@ impl Pool {
             }
         }
         self.publish();
-    }
-}
-
-/// Fails every request still pending on a lost worker, naming how it ended.
-fn fail_pending(label: &WorkerLabel, live: Live, failure: &WorkerFailure) {
-    for (id, pending) in live.pending {
-        // Startup-internal requests have nobody waiting; the failure is recorded on the slot.
-        log::debug!("worker {label}: request {id} ({pending:?}) failed: {failure}");
-    }
-}
-
-fn error_answer(code: ErrorCode, message: &str) -> RpcError {
-    RpcError {
-        code: code.rpc_code(),
-        message: message.to_owned(),
-        data: Some(json!({"code": code.as_str(), "fatal": code.is_fatal()})),
     }
 }
 

@@ -49,6 +49,8 @@ pub enum FailureReason {
     Exited,
     /// Too many protocol violations; the last one is named.
     Faulty(Violation),
+    /// Brain killed it: the reason says why (a cancel grace that expired, …).
+    Killed(String),
 }
 
 impl FailureReason {
@@ -60,9 +62,10 @@ impl FailureReason {
             FailureReason::InitError(_)
             | FailureReason::WrongProtocol(_)
             | FailureReason::InvalidInitialize(_) => ErrorCode::InvalidResponse,
-            FailureReason::SpawnFailed(_) | FailureReason::Exited | FailureReason::Faulty(_) => {
-                ErrorCode::WorkerLost
-            }
+            FailureReason::SpawnFailed(_)
+            | FailureReason::Exited
+            | FailureReason::Faulty(_)
+            | FailureReason::Killed(_) => ErrorCode::WorkerLost,
         }
     }
 }
@@ -84,6 +87,7 @@ impl fmt::Display for FailureReason {
             FailureReason::Faulty(last) => {
                 write!(f, "too many protocol violations (last: {last})")
             }
+            FailureReason::Killed(why) => write!(f, "killed: {why}"),
         }
     }
 }

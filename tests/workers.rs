@@ -375,11 +375,9 @@ fn workers_that_disagree_on_their_declarations_refuse_startup() {
         fault("split", &["--state-version", "v{worker}"]).workers(2),
     ])
     .unwrap();
-    let error = Brain::start(Config {
-        registrations,
-        options: fast_options("disagree"),
-    })
-    .expect_err("disagreeing workers refuse startup");
+    let mut config = Config::new(registrations);
+    config.options = fast_options("disagree");
+    let error = Brain::start(config).expect_err("disagreeing workers refuse startup");
     assert!(error.is_configuration());
     assert_eq!(error.registration(), Some("split"));
     let message = error.to_string();
@@ -398,11 +396,9 @@ fn an_undeclared_deployment_configuration_key_refuses_startup() {
         fault("strict", &["--configuration-keys", "thinking"]).configuration(configuration),
     ])
     .unwrap();
-    let error = Brain::start(Config {
-        registrations,
-        options: fast_options("undeclared"),
-    })
-    .expect_err("an undeclared key refuses startup");
+    let mut config = Config::new(registrations);
+    config.options = fast_options("undeclared");
+    let error = Brain::start(config).expect_err("an undeclared key refuses startup");
     assert!(error.is_configuration());
     assert!(error.to_string().contains("\"speed\""), "{error}");
 }

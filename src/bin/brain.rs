@@ -166,10 +166,9 @@ fn check(args: &[String]) -> ExitCode {
         }
     };
     let grace = common.options.cancel_grace;
-    let mut brain = match Brain::start(Config {
-        registrations,
-        options: common.options,
-    }) {
+    let mut config = Config::new(registrations);
+    config.options = common.options;
+    let mut brain = match Brain::start(config) {
         Ok(brain) => brain,
         Err(error) if error.is_configuration() => {
             eprintln!("brain: configuration refused: {error}");

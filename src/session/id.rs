@@ -37,7 +37,9 @@ impl SessionId {
     pub fn parse(text: &str) -> Result<SessionId, String> {
         let shown: String = text.chars().take(40).collect();
         let Some(body) = text.strip_prefix(PREFIX) else {
-            return Err(format!("session id {shown:?} does not start with {PREFIX:?}"));
+            return Err(format!(
+                "session id {shown:?} does not start with {PREFIX:?}"
+            ));
         };
         if body.len() != BODY_LEN || !body.bytes().all(|b| b.is_ascii_alphanumeric()) {
             return Err(format!(

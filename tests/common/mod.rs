@@ -50,11 +50,9 @@ pub fn fast_options(tag: &str) -> Options {
 /// Starts Brain with these registrations and options, panicking with the error if it refuses.
 pub fn start(registrations: Vec<Registration>, options: Options) -> Brain {
     let registrations = Registrations::from_vec(registrations).expect("valid registrations");
-    Brain::start(Config {
-        registrations,
-        options,
-    })
-    .unwrap_or_else(|error| panic!("Brain refused to start: {error}"))
+    let mut config = Config::new(registrations);
+    config.options = options;
+    Brain::start(config).unwrap_or_else(|error| panic!("Brain refused to start: {error}"))
 }
 
 /// The one-letter state of a process from /proc, or `None` when no such process exists.

@@ -1,0 +1,609 @@
+//! Callbacks (`brain/call`): admission on the dispatcher, execution on the executor threads.
+//!
+//! Admission decides, on the dispatcher and from its own state alone, whether a callback belongs
+//! to the activation it names (authority), whether it may start (after `cancel`, after a fatal
+//! error, the per-activation limit), and otherwise hands it to the executor. An executor thread
+//! runs it — journal appends that wait for durability, model and tool effects that block on
+//! providers — and reports back. The dispatcher counts the callback as answered, records a fatal
+//! error, and only then writes the answer to the harness, so that the harness can never observe an
+//! answer before the dispatcher knows the callback finished (which would make a prompt `run`
+//! answer look like `callbacks_outstanding`).
+
+use crate::cancel::CancelToken;
+use crate::dispatch::{Dispatcher, Internal};
+use crate::effects::{Effects, EnvironmentSpec, ModelCall, ToolCall};
+use crate::journal::{Journal, JournalError, NewRecord, append_durable};
+use crate::pool::Deadline;
+use crate::protocol::harness::{
+    BrainCallParams, CallbackInput, ErrorCode, EventOrigin, EventsReadResult, KvGetResult,
+    MAX_EVENTS_PAGE, MAX_OUTSTANDING_CALLBACKS, ModelCallResult, ModelRequest, OriginKind,
+    RESERVED_KEY_PREFIX, RecordKind, SequenceResult, ToolCallResult, ToolDefinition, ToolOutcome,
+    ToolResult, call_error, method,
+};
+use crate::protocol::jsonrpc::{self, Request, RequestId, RpcError};
+use crate::session::SessionId;
+use crate::sessions::{Fixed, Phase, SessionSpec};
+use crate::worker::WorkerKey;
+use crossbeam_channel::{Receiver, Sender};
+use serde::Serialize;
+use serde_json::{Value, json};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// One admitted callback, for an executor thread.
+pub(crate) struct Job {
+    session: SessionId,
+    sequence: u64,
+    key: WorkerKey,
+    id: RequestId,
+    call: CallbackInput,
+    spec: Arc<SessionSpec>,
+    cancel: CancelToken,
+}
+
+/// A finished callback, reported to the dispatcher.
+pub(crate) struct CallbackDone {
+    session: SessionId,
+    sequence: u64,
+    key: WorkerKey,
+    id: RequestId,
+    answer: Result<Value, RpcError>,
+}
+
+/// The pool of threads that run callbacks (`brain-callback-N`).
+pub(crate) struct Executor {
+    jobs: Sender<Job>,
+}
+
+impl Executor {
+    /// Starts `threads` threads. They stop when the executor is dropped.
+    pub(crate) fn start(
+        threads: usize,
+        journal: Arc<dyn Journal>,
+        effects: Effects,
+        internal: Sender<Internal>,
+    ) -> std::io::Result<Executor> {
+        let (jobs, queue) = crossbeam_channel::unbounded::<Job>();
+        for n in 0..threads.max(1) {
+            let (queue, journal, effects, internal) = (
+                queue.clone(),
+                journal.clone(),
+                effects.clone(),
+                internal.clone(),
+            );
+            std::thread::Builder::new()
+                .name(format!("brain-callback-{n}"))
+                .spawn(move || serve(queue, &*journal, &effects, &internal))?;
+        }
+        Ok(Executor { jobs })
+    }
+
+    fn submit(&self, job: Job) {
+        // The threads live as long as the executor; a send can only fail during teardown.
+        let _ = self.jobs.send(job);
+    }
+}
+
+fn serve(
+    queue: Receiver<Job>,
+    journal: &dyn Journal,
+    effects: &Effects,
+    internal: &Sender<Internal>,
+) {
+    while let Ok(job) = queue.recv() {
+        let answer = run(&job, journal, effects);
+        let done = CallbackDone {
+            session: job.session,
+            sequence: job.sequence,
+            key: job.key,
+            id: job.id,
+            answer,
+        };
+        if internal.send(Internal::CallbackDone(done)).is_err() {
+            return;
+        }
+    }
+}
+
+fn to_value(value: impl Serialize) -> Result<Value, RpcError> {
+    serde_json::to_value(value).map_err(|error| {
+        call_error(
+            ErrorCode::InvalidResponse,
+            format!("encoding the answer: {error}"),
+        )
+    })
+}
+
+fn journal_failed(error: JournalError) -> RpcError {
+    call_error(error.code(), error.to_string())
+}
+
+fn append(
+    journal: &dyn Journal,
+    job: &Job,
+    kind: RecordKind,
+    data: Value,
+    origin: Option<EventOrigin>,
+) -> Result<u64, RpcError> {
+    append_durable(journal, &job.session, NewRecord { kind, data, origin }).map_err(journal_failed)
+}
+
+fn sequence_answer(sequence: u64) -> Result<Value, RpcError> {
+    to_value(SequenceResult { sequence })
+}
+
+fn reserved(key: &str) -> Result<(), RpcError> {
+    if key.starts_with(RESERVED_KEY_PREFIX) {
+        return Err(call_error(
+            ErrorCode::ReservedKey,
+            format!("keys beginning {RESERVED_KEY_PREFIX:?} are Brain's: {key:?}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Runs one callback to its answer.
+fn run(job: &Job, journal: &dyn Journal, effects: &Effects) -> Result<Value, RpcError> {
+    match &job.call {
+        CallbackInput::KvGet(input) => {
+            let value = journal
+                .kv_get(&job.session, &input.key)
+                .map_err(journal_failed)?;
+            to_value(match value {
+                Some(value) => KvGetResult::found(value),
+                None => KvGetResult::missing(),
+            })
+        }
+        CallbackInput::KvPut(input) => {
+            reserved(&input.key)?;
+            let data = json!({"key": input.key, "value": input.value});
+            sequence_answer(append(journal, job, RecordKind::KvSet, data, None)?)
+        }
+        CallbackInput::KvDelete(input) => {
+            reserved(&input.key)?;
+            let data = json!({"key": input.key});
+            sequence_answer(append(journal, job, RecordKind::KvDelete, data, None)?)
+        }
+        CallbackInput::TranscriptSet(input) => {
+            let view = journal.view(&job.session).map_err(journal_failed)?;
+            let keep = view
+                .transcript
+                .iter()
+                .zip(&input.messages)
+                .take_while(|(old, new)| old == new)
+                .count();
+            let data = json!({"keep": keep, "append": &input.messages[keep..]});
+            sequence_answer(append(
+                journal,
+                job,
+                RecordKind::TranscriptDelta,
+                data,
+                None,
+            )?)
+        }
+        CallbackInput::Emit(input) => {
+            if input.event_type.parse::<RecordKind>().is_ok() {
+                return Err(call_error(
+                    ErrorCode::InvalidInput,
+                    format!("{:?} is the type of Brain's own records", input.event_type),
+                ));
+            }
+            let data = json!({"type": input.event_type, "data": input.data});
+            let origin = EventOrigin {
+                kind: OriginKind::Agentloop,
+                sequence: job.sequence,
+            };
+            sequence_answer(append(
+                journal,
+                job,
+                RecordKind::EventEmitted,
+                data,
+                Some(origin),
+            )?)
+        }
+        CallbackInput::EventsRead(input) => {
+            let limit = input
+                .limit
+                .map_or(MAX_EVENTS_PAGE, |l| (l as usize).min(MAX_EVENTS_PAGE));
+            let events = journal
+                .read(&job.session, input.after, limit)
+                .map_err(journal_failed)?;
+            let next_after = events.last().map_or(input.after, |e| e.sequence);
+            to_value(EventsReadResult { events, next_after })
+        }
+        CallbackInput::Telemetry(data) => {
+            log::info!(target: "brain::telemetry", "session {} activation {}: {data}", job.session, job.sequence);
+            Ok(json!({}))
+        }
+        CallbackInput::Model(request) => model(job, journal, effects, request),
+        CallbackInput::Tool(input) => tool(
+            job,
+            journal,
+            effects,
+            &input.name,
+            &input.input,
+            input.environment.as_deref(),
+        ),
+        CallbackInput::EnvironmentsList(_)
+        | CallbackInput::EnvironmentsGet(_)
+        | CallbackInput::EnvironmentsSetup(_)
+        | CallbackInput::EnvironmentsCall(_) => Err(call_error(
+            ErrorCode::UnknownMethod,
+            "environments.* callbacks are not served by this Brain yet",
+        )),
+    }
+}
+
+/// A model call across the effect barrier: started (durable) → call once → finished (durable).
+fn model(
+    job: &Job,
+    journal: &dyn Journal,
+    effects: &Effects,
+    request: &ModelRequest,
+) -> Result<Value, RpcError> {
+    let spec = &job.spec;
+    let provider = effects.provider(&spec.model.provider).ok_or_else(|| {
+        call_error(
+            ErrorCode::ModelFailed,
+            format!("no model provider named {:?}", spec.model.provider),
+        )
+    })?;
+    let mut request = request.clone();
+    if request.system.is_none() {
+        request.system = spec.request.system.clone();
+    }
+    if request.tools.is_none() {
+        request.tools = Some(
+            spec.request
+                .tools
+                .iter()
+                .map(|t| ToolDefinition {
+                    name: t.name.clone(),
+                    description: t.description.clone(),
+                    input_schema: t.input_schema.clone(),
+                })
+                .collect(),
+        );
+    }
+    let ordinal = journal
+        .view(&job.session)
+        .map_err(journal_failed)?
+        .model_calls;
+    let started = append(
+        journal,
+        job,
+        RecordKind::ModelCallStarted,
+        json!({"activation": job.sequence, "ordinal": ordinal, "request": request}),
+        None,
+    )?;
+    let call = ModelCall {
+        session_id: &job.session,
+        sequence: started,
+        ordinal,
+        model: &spec.model,
+        request: &request,
+    };
+    let outcome = provider.call(&call, &job.cancel);
+    let (data, answer) = match outcome {
+        Ok(result) => (
+            json!({"started": started, "outcome": "ok", "result": result}),
+            to_value(ModelCallResult {
+                sequence: started,
+                result,
+            }),
+        ),
+        Err(error) => effect_failure(started, error, ErrorCode::ModelFailed),
+    };
+    append(journal, job, RecordKind::ModelCallFinished, data, None)?;
+    answer
+}
+
+/// The finished record and the callback's error for an effect that did not succeed.
+fn effect_failure(
+    started: u64,
+    error: crate::effects::EffectError,
+    failed_code: ErrorCode,
+) -> (Value, Result<Value, RpcError>) {
+    use crate::effects::EffectError;
+    match error {
+        EffectError::Failed { code, message } => (
+            json!({"started": started, "outcome": "error", "code": code, "message": message}),
+            Err(call_error(code, message)),
+        ),
+        EffectError::Unknown { message } => (
+            json!({"started": started, "outcome": "unknown", "code": "outcome_unknown", "message": message}),
+            Err(call_error(ErrorCode::OutcomeUnknown, message)),
+        ),
+        EffectError::Cancelled { sent } => {
+            let outcome = if sent { "unknown" } else { "cancelled" };
+            let _ = failed_code;
+            (
+                json!({"started": started, "outcome": outcome, "code": "cancelled"}),
+                Err(call_error(ErrorCode::Cancelled, "cancelled")),
+            )
+        }
+    }
+}
+
+/// A tool call across the effect barrier. Once started, the answer is a ToolResult whose outcome
+/// says how it ended; `tool_failed` only when it never started.
+fn tool(
+    job: &Job,
+    journal: &dyn Journal,
+    effects: &Effects,
+    name: &str,
+    input: &Value,
+    environment: Option<&str>,
+) -> Result<Value, RpcError> {
+    let spec = &job.spec;
+    let declared = spec
+        .request
+        .tools
+        .iter()
+        .find(|t| t.name == name)
+        .ok_or_else(|| {
+            call_error(
+                ErrorCode::InvalidInput,
+                format!("no tool named {name:?} is declared"),
+            )
+        })?;
+    let placement = match environment {
+        Some(wanted) => declared
+            .placements
+            .iter()
+            .find(|p| p.as_str() == wanted)
+            .ok_or_else(|| {
+                call_error(
+                    ErrorCode::InvalidInput,
+                    format!("tool {name:?} is not placed in environment {wanted:?}"),
+                )
+            })?,
+        None => declared.placements.first().ok_or_else(|| {
+            call_error(
+                ErrorCode::InvalidInput,
+                format!("tool {name:?} has no placement"),
+            )
+        })?,
+    };
+    let declaration = spec
+        .request
+        .environments
+        .iter()
+        .find(|e| &e.name == placement)
+        .ok_or_else(|| {
+            call_error(
+                ErrorCode::InvalidInput,
+                format!("no environment {placement:?}"),
+            )
+        })?;
+    let driver = effects.driver(&declaration.driver).ok_or_else(|| {
+        call_error(
+            ErrorCode::ToolFailed,
+            format!("no environment driver named {:?}", declaration.driver),
+        )
+    })?;
+    let incarnation = spec.incarnations.get(placement).copied().unwrap_or(1);
+    let environment = EnvironmentSpec {
+        name: declaration.name.clone(),
+        driver: declaration.driver.clone(),
+        configuration: declaration.configuration.clone(),
+    };
+    let started = append(
+        journal,
+        job,
+        RecordKind::ToolCallStarted,
+        json!({"activation": job.sequence, "name": name, "input": input,
+               "environment": placement, "incarnation": incarnation}),
+        None,
+    )?;
+    let call = ToolCall {
+        session_id: &job.session,
+        sequence: started,
+        environment: &environment,
+        incarnation,
+        tool: name,
+        input,
+        working_dir: &spec.state_dir,
+    };
+    let result = match driver.call_tool(&call, &job.cancel) {
+        Ok(result) => result,
+        Err(error) => {
+            use crate::effects::EffectError;
+            let (outcome, message) = match error {
+                EffectError::Failed { message, .. } => {
+                    // It never started: the finished record says so, and the callback fails.
+                    let data = json!({"started": started, "outcome": "error", "code": "tool_failed", "message": message});
+                    append(journal, job, RecordKind::ToolCallFinished, data, None)?;
+                    return Err(call_error(ErrorCode::ToolFailed, message));
+                }
+                EffectError::Unknown { message } => (ToolOutcome::Unknown, message),
+                EffectError::Cancelled { sent: true } => (
+                    ToolOutcome::Unknown,
+                    "cancelled after it started".to_owned(),
+                ),
+                EffectError::Cancelled { sent: false } => {
+                    (ToolOutcome::Cancelled, "cancelled".to_owned())
+                }
+            };
+            ToolResult {
+                outcome,
+                content: vec![crate::protocol::harness::Block::text(message)],
+                is_error: true,
+            }
+        }
+    };
+    append(
+        journal,
+        job,
+        RecordKind::ToolCallFinished,
+        json!({"started": started, "outcome": result.outcome, "result": result}),
+        None,
+    )?;
+    to_value(ToolCallResult {
+        sequence: started,
+        result,
+    })
+}
+
+fn is_effect(call: &CallbackInput) -> bool {
+    matches!(
+        call,
+        CallbackInput::Model(_)
+            | CallbackInput::Tool(_)
+            | CallbackInput::EnvironmentsSetup(_)
+            | CallbackInput::EnvironmentsCall(_)
+    )
+}
+
+impl Dispatcher {
+    /// A request from a harness: `brain/call` is admitted or refused; anything else is unknown.
+    pub(crate) fn on_harness_request(&mut self, key: WorkerKey, request: Request) {
+        let Request {
+            id,
+            method: name,
+            params,
+        } = request;
+        let admitted = if name == method::BRAIN_CALL {
+            self.admit_callback(key, &id, params)
+        } else {
+            let shown: String = name.chars().take(64).collect();
+            Err(call_error(
+                ErrorCode::UnknownMethod,
+                format!("unknown method {shown:?}"),
+            ))
+        };
+        if let Err(error) = admitted {
+            self.pool
+                .answer(key, &id, jsonrpc::encode_error(&id, &error));
+        }
+    }
+
+    fn admit_callback(
+        &mut self,
+        key: WorkerKey,
+        id: &RequestId,
+        params: Value,
+    ) -> Result<(), RpcError> {
+        let params: BrainCallParams = serde_json::from_value(params).map_err(|error| {
+            call_error(
+                ErrorCode::InvalidInput,
+                format!("brain/call params: {error}"),
+            )
+        })?;
+        let not_active = || {
+            call_error(
+                ErrorCode::ActivationNotActive,
+                "no activation with that session and sequence runs on this worker",
+            )
+        };
+        let session = SessionId::parse(&params.session_id).map_err(|_| not_active())?;
+        let state = self.sessions.get(&session).ok_or_else(not_active)?;
+        if state.registration != key.registration || state.slot != key.slot {
+            return Err(not_active());
+        }
+        let spec = state.spec.clone();
+        let closed = state.last_run == Some((params.sequence, key));
+        let Some(active) = state
+            .active
+            .as_ref()
+            .filter(|a| a.sequence == params.sequence && a.is_running_on(key))
+            .filter(|a| a.authority_open)
+        else {
+            if closed {
+                return Err(call_error(
+                    ErrorCode::ActivationClosed,
+                    format!("activation {} no longer accepts callbacks", params.sequence),
+                ));
+            }
+            return Err(not_active());
+        };
+        let call = CallbackInput::decode(&params.method, params.input)?;
+        if active.cancel_requested && is_effect(&call) {
+            let error = call_error(
+                ErrorCode::Cancelled,
+                "the activation was cancelled; no new effect starts",
+            );
+            self.record_fatal(
+                &session,
+                params.sequence,
+                ErrorCode::Cancelled,
+                &error.message,
+            );
+            return Err(error);
+        }
+        if active.outstanding >= MAX_OUTSTANDING_CALLBACKS {
+            return Err(call_error(
+                ErrorCode::Overloaded,
+                format!("{MAX_OUTSTANDING_CALLBACKS} callbacks of this activation are unanswered"),
+            ));
+        }
+        let cancel = active.effects_cancel.clone();
+        if let Some(active) = self.active_mut(&session, params.sequence) {
+            active.outstanding += 1;
+        }
+        self.executor.submit(Job {
+            session,
+            sequence: params.sequence,
+            key,
+            id: id.clone(),
+            call,
+            spec,
+            cancel,
+        });
+        Ok(())
+    }
+
+    /// A fatal callback error: it fixes the outcome (unless something did earlier); other than
+    /// `cancelled`, it closes the activation's authority and starts the fatal grace.
+    fn record_fatal(&mut self, session: &SessionId, sequence: u64, code: ErrorCode, message: &str) {
+        let grace = self.options.cancel_grace;
+        let Some(active) = self.active_mut(session, sequence) else {
+            return;
+        };
+        active.fix(Fixed::failed(code.as_str(), message));
+        if code == ErrorCode::Cancelled {
+            return;
+        }
+        active.authority_open = false;
+        if matches!(active.phase, Phase::Running { .. }) {
+            self.timer.at(
+                Instant::now() + grace,
+                Deadline::FatalGrace {
+                    session: session.clone(),
+                    sequence,
+                },
+            );
+        }
+    }
+
+    pub(crate) fn on_callback_done(&mut self, done: CallbackDone) {
+        let CallbackDone {
+            session,
+            sequence,
+            key,
+            id,
+            answer,
+        } = done;
+        if let Some(active) = self.active_mut(&session, sequence) {
+            active.outstanding = active.outstanding.saturating_sub(1);
+        }
+        let line = match &answer {
+            Ok(result) => jsonrpc::encode_result(&id, result),
+            Err(error) => {
+                let fatal = error
+                    .data
+                    .as_ref()
+                    .and_then(|d| d.get("code"))
+                    .and_then(Value::as_str)
+                    .and_then(|c| c.parse::<ErrorCode>().ok())
+                    .filter(|c| c.is_fatal());
+                if let Some(code) = fatal {
+                    self.record_fatal(&session, sequence, code, &error.message);
+                }
+                jsonrpc::encode_error(&id, error)
+            }
+        };
+        self.pool.answer(key, &id, line);
+        self.try_finish(&session, sequence);
+    }
+}

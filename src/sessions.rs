@@ -1,0 +1,1494 @@
+//! Sessions and activations: the dispatcher's state machine for them.
+//!
+//! Every function here runs on the dispatcher thread and owns what it touches. An activation moves
+//!
+//! ```text
+//! Queued ──feeder──> Fed ──activation_started durable──> Running ──run answered / worker lost──> Ended
+//!    └───────── cancelled, quarantined, shutting down, input too large ────────────────────────> Ended
+//! Ended ──callbacks drained──> activation_finished appended ──durable──> outcome delivered
+//! ```
+//!
+//! The first decisive event fixes the outcome (PROTOCOL.md §6); later ones cannot change it.
+
+use crate::api::{
+    Activation, ActivationError, ApiError, Cancelled, Outcome, OutcomeCell, OutcomeKind,
+    SessionInfo, SessionStatus,
+};
+use crate::cancel::CancelToken;
+use crate::dispatch::{Dispatcher, Internal};
+use crate::journal::{JournalError, NewRecord};
+use crate::pool::{Deadline, SessionRequest};
+use crate::protocol::harness::{
+    CancelParams, CloseParams, CloseReason, ErrorCode, ModelMetadata, RecordKind, RunInput,
+    RunParams, RunResult, UserInput, method, run_failure_code,
+};
+use crate::protocol::jsonrpc::RpcError;
+use crate::session::{
+    CreateSession, SessionId, check_against_harness, check_input_media, merge_configuration,
+    runtime_envelope, tool_declarations,
+};
+use crate::status::{FailureReason, WorkerFailure, WorkerState};
+use crate::worker::WorkerKey;
+use crossbeam_channel::Sender;
+use serde_json::{Map, Value, json};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+type Reply<T> = Sender<Result<T, ApiError>>;
+
+/// The longest failure message kept in `activation_finished`.
+const MAX_FAILURE_MESSAGE: usize = 4096;
+
+/// The most pending events one `run` carries.
+const MAX_RUN_EVENTS: usize = 1000;
+
+/// A waiting activation, as the capacity queue holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct QueueEntry {
+    pub(crate) session: SessionId,
+    pub(crate) sequence: u64,
+}
+
+/// What the dispatcher waits on the journal for.
+pub(crate) enum DurableToken {
+    /// `session_created` (and an imported transcript): answer the creator.
+    Created {
+        session: SessionId,
+        reply: Reply<SessionInfo>,
+    },
+    /// `activation_queued`: answer the sender with the activation handle.
+    Queued { session: SessionId, sequence: u64 },
+    /// `activation_started`: send `run`.
+    Started { session: SessionId, sequence: u64 },
+    /// `activation_finished`: deliver the outcome.
+    Finished { session: SessionId, sequence: u64 },
+    /// `session_passivated` or `session_closed`: answer the caller.
+    Lifecycle {
+        session: SessionId,
+        reply: Reply<SessionInfo>,
+    },
+}
+
+/// The immutable part of a session, fixed at creation.
+#[derive(Debug)]
+pub(crate) struct SessionSpec {
+    pub(crate) request: CreateSession,
+    pub(crate) model: ModelMetadata,
+    /// Deployment configuration merged with the session's.
+    pub(crate) configuration: Map<String, Value>,
+    pub(crate) state_dir: PathBuf,
+    /// The sequence that last set each environment up (`session_created` at first).
+    pub(crate) incarnations: HashMap<String, u64>,
+}
+
+/// Stored lifecycle status; `interrupted` is derived from the marker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Lifecycle {
+    Open,
+    Passivated,
+    Closed,
+}
+
+/// One session, as the dispatcher holds it.
+pub(crate) struct SessionState {
+    pub(crate) registration: usize,
+    pub(crate) slot: u32,
+    pub(crate) spec: Arc<SessionSpec>,
+    pub(crate) lifecycle: Lifecycle,
+    pub(crate) marker: Option<u64>,
+    pub(crate) active: Option<Active>,
+    /// The latest activation that ran, and on which worker incarnation: callbacks naming it after
+    /// its authority closed get `activation_closed` rather than `activation_not_active`.
+    pub(crate) last_run: Option<(u64, WorkerKey)>,
+}
+
+impl SessionState {
+    fn status(&self) -> SessionStatus {
+        match self.lifecycle {
+            Lifecycle::Closed => SessionStatus::Closed,
+            _ if self.marker.is_some() && self.active.is_none() => SessionStatus::Interrupted,
+            Lifecycle::Passivated => SessionStatus::Passivated,
+            Lifecycle::Open => SessionStatus::Open,
+        }
+    }
+
+    /// Counts toward placement: open or passivated, not interrupted or closed.
+    fn counts_for_placement(&self) -> bool {
+        matches!(
+            self.status(),
+            SessionStatus::Open | SessionStatus::Passivated
+        )
+    }
+}
+
+/// Where an activation is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Phase {
+    /// Waiting in its slot's capacity queue.
+    Queued,
+    /// Taken by the feeder; `activation_started` appended, not yet durable.
+    Starting { key: WorkerKey },
+    /// `run` sent.
+    Running { key: WorkerKey },
+    /// The outcome is fixed; waiting for admitted callbacks to drain.
+    Ended,
+    /// `activation_finished` appended, not yet durable.
+    Finishing,
+}
+
+/// The outcome as soon as it is fixed.
+#[derive(Debug, Clone)]
+pub(crate) struct Fixed {
+    kind: OutcomeKind,
+    code: Option<String>,
+    message: Option<String>,
+    result: Option<Value>,
+}
+
+impl Fixed {
+    fn completed(result: Option<Value>) -> Fixed {
+        Fixed {
+            kind: OutcomeKind::Completed,
+            code: None,
+            message: None,
+            result,
+        }
+    }
+
+    pub(crate) fn failed(code: &str, message: impl Into<String>) -> Fixed {
+        let kind = if code == ErrorCode::Cancelled.as_str() {
+            OutcomeKind::Cancelled
+        } else {
+            OutcomeKind::Failed
+        };
+        let mut message = message.into();
+        truncate(&mut message, MAX_FAILURE_MESSAGE);
+        Fixed {
+            kind,
+            code: Some(code.to_owned()),
+            message: Some(message),
+            result: None,
+        }
+    }
+
+    fn cancelled(code: ErrorCode, message: impl Into<String>) -> Fixed {
+        Fixed {
+            kind: OutcomeKind::Cancelled,
+            ..Fixed::failed(code.as_str(), message)
+        }
+    }
+}
+
+fn truncate(text: &mut String, limit: usize) {
+    if text.len() > limit {
+        let mut end = limit;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+    }
+}
+
+/// An activation queued or running.
+pub(crate) struct Active {
+    pub(crate) sequence: u64,
+    pub(crate) input: Option<UserInput>,
+    pub(crate) phase: Phase,
+    pub(crate) cancel_requested: bool,
+    pub(crate) cancel_sent: bool,
+    pub(crate) fixed: Option<Fixed>,
+    /// Admitted callbacks not yet answered.
+    pub(crate) outstanding: usize,
+    /// Whether new callbacks are admitted.
+    pub(crate) authority_open: bool,
+    /// Whether `activation_started` was appended (the marker is set).
+    pub(crate) started: bool,
+    /// Whether it holds a unit of its slot's capacity.
+    pub(crate) holds_capacity: bool,
+    /// Cancelled when the activation is cancelled or its worker lost: effects in flight stop.
+    pub(crate) effects_cancel: CancelToken,
+    pub(crate) cell: Arc<OutcomeCell>,
+    pub(crate) admit_reply: Option<Reply<Activation>>,
+    /// The last pending event given to the harness, for the events cursor.
+    pub(crate) events_through: Option<u64>,
+    session_id: SessionId,
+}
+
+impl Active {
+    /// Fixes the outcome unless an earlier event already did.
+    pub(crate) fn fix(&mut self, fixed: Fixed) {
+        if self.fixed.is_none() {
+            self.fixed = Some(fixed);
+        }
+    }
+
+    pub(crate) fn is_running_on(&self, key: WorkerKey) -> bool {
+        self.phase == Phase::Running { key }
+    }
+}
+
+impl Drop for Active {
+    fn drop(&mut self) {
+        // Brain is stopping before the outcome was recorded: waiters learn so instead of hanging.
+        self.cell.complete(Outcome {
+            session_id: self.session_id.clone(),
+            sequence: self.sequence,
+            outcome: OutcomeKind::Failed,
+            result: None,
+            error: Some(ActivationError {
+                code: ErrorCode::Interrupted.as_str().to_owned(),
+                message: "Brain stopped before the activation's outcome was recorded".to_owned(),
+            }),
+        });
+    }
+}
+
+fn api(code: ErrorCode, message: impl Into<String>) -> ApiError {
+    ApiError::new(code, message)
+}
+
+fn journal_error(error: JournalError) -> ApiError {
+    api(error.code(), error.to_string())
+}
+
+impl Dispatcher {
+    // ----- lookups -----
+
+    fn session(&self, id: &SessionId) -> Result<&SessionState, ApiError> {
+        self.sessions
+            .get(id)
+            .ok_or_else(|| api(ErrorCode::UnknownSession, format!("no session {id}")))
+    }
+
+    pub(crate) fn active_mut(&mut self, id: &SessionId, sequence: u64) -> Option<&mut Active> {
+        self.sessions
+            .get_mut(id)?
+            .active
+            .as_mut()
+            .filter(|active| active.sequence == sequence)
+    }
+
+    pub(crate) fn info(&self, id: &SessionId) -> Result<SessionInfo, ApiError> {
+        let session = self.session(id)?;
+        Ok(SessionInfo {
+            session_id: id.clone(),
+            status: session.status(),
+            registration: self.pool.registration(session.registration).name.clone(),
+            worker: session.slot,
+            active: session.active.as_ref().map(|a| a.sequence),
+            marker: session.marker,
+            state_dir: session.spec.state_dir.clone(),
+        })
+    }
+
+    /// Whether no activation is queued, running or finishing.
+    pub(crate) fn nothing_running(&self) -> bool {
+        self.sessions.values().all(|s| s.active.is_none())
+    }
+
+    fn queue(
+        &self,
+        registration: usize,
+        slot: u32,
+    ) -> &Arc<crate::capacity::CapacityQueue<QueueEntry>> {
+        &self.queues[registration][slot as usize]
+    }
+
+    /// Appends a record and asks for `token` once it is durable.
+    fn append(
+        &mut self,
+        session: &SessionId,
+        kind: RecordKind,
+        data: Value,
+        token: DurableToken,
+    ) -> Result<u64, JournalError> {
+        let sequence = self.journal.append(
+            session,
+            NewRecord {
+                kind,
+                data,
+                origin: None,
+            },
+        )?;
+        self.when_durable(session, sequence, token);
+        Ok(sequence)
+    }
+
+    fn when_durable(&self, session: &SessionId, sequence: u64, token: DurableToken) {
+        let internal = self.internal.clone();
+        self.journal.on_durable(
+            session,
+            sequence,
+            Box::new(move |result| {
+                let _ = internal.send(Internal::Durable { token, result });
+            }),
+        );
+    }
+
+    // ----- creation -----
+
+    pub(crate) fn create_session(
+        &mut self,
+        id: SessionId,
+        request: CreateSession,
+        state_dir: PathBuf,
+        reply: Reply<SessionInfo>,
+    ) {
+        match self.admit_session(id, request, state_dir) {
+            Ok((id, last)) => self.when_durable(
+                &id.clone(),
+                last,
+                DurableToken::Created { session: id, reply },
+            ),
+            Err(error) => {
+                let _ = reply.send(Err(error));
+            }
+        }
+    }
+
+    fn admit_session(
+        &mut self,
+        id: SessionId,
+        request: CreateSession,
+        state_dir: PathBuf,
+    ) -> Result<(SessionId, u64), ApiError> {
+        if self.stopping.is_some() {
+            return Err(ApiError::shutting_down());
+        }
+        let name = &request.agentloop.name;
+        let registration = self.pool.registration_index(name).ok_or_else(|| {
+            api(
+                ErrorCode::UnknownAgentloop,
+                format!("no agentloop registration named {name:?}"),
+            )
+        })?;
+        let declared = self.pool.agreed(registration).cloned().ok_or_else(|| {
+            api(
+                ErrorCode::AgentloopUnavailable,
+                format!("agentloop {name:?} has no healthy worker"),
+            )
+        })?;
+        let deployment = self.pool.registration(registration).configuration.clone();
+        check_against_harness(&request, &declared, &deployment)
+            .map_err(|error| api(error.code, error.message))?;
+        let model = request.model_or_default();
+        if self.effects.provider(&model.provider).is_none() {
+            return Err(api(
+                ErrorCode::InvalidRequest,
+                format!(
+                    "model.provider: no model provider named {:?}",
+                    model.provider
+                ),
+            ));
+        }
+        for environment in &request.environments {
+            if self.effects.driver(&environment.driver).is_none() {
+                return Err(api(
+                    ErrorCode::InvalidRequest,
+                    format!(
+                        "environments: {:?}: no environment driver named {:?}",
+                        environment.name, environment.driver
+                    ),
+                ));
+            }
+        }
+        let slot = self.place(registration).ok_or_else(|| {
+            api(
+                ErrorCode::AgentloopUnavailable,
+                format!("agentloop {name:?} has no healthy worker"),
+            )
+        })?;
+        let configuration = merge_configuration(&deployment, &request.agentloop.configuration);
+        let created = json!({
+            "session_id": id,
+            "registration": name,
+            "worker": slot,
+            "agentloop": request.agentloop,
+            "model": model,
+            "system": request.system,
+            "tools": request.tools,
+            "environments": request.environments,
+            "metadata": request.metadata,
+            "configuration": configuration,
+        });
+        let first = self
+            .journal
+            .create(
+                &id,
+                NewRecord {
+                    kind: RecordKind::SessionCreated,
+                    data: created,
+                    origin: None,
+                },
+            )
+            .map_err(journal_error)?;
+        let mut last = first;
+        if !request.transcript.is_empty() {
+            last = self
+                .journal
+                .append(
+                    &id,
+                    NewRecord {
+                        kind: RecordKind::TranscriptDelta,
+                        data: json!({"keep": 0, "append": request.transcript}),
+                        origin: None,
+                    },
+                )
+                .map_err(journal_error)?;
+        }
+        let incarnations = request
+            .environments
+            .iter()
+            .map(|e| (e.name.clone(), first))
+            .collect();
+        let spec = SessionSpec {
+            model,
+            configuration,
+            state_dir,
+            incarnations,
+            request,
+        };
+        log::info!(
+            "session {id}: created on {}/{slot}",
+            self.pool.registration(registration).name
+        );
+        self.sessions.insert(
+            id.clone(),
+            SessionState {
+                registration,
+                slot,
+                spec: Arc::new(spec),
+                lifecycle: Lifecycle::Open,
+                marker: None,
+                active: None,
+                last_run: None,
+            },
+        );
+        Ok((id, last))
+    }
+
+    /// The healthy slot with the fewest open sessions; ties: fewest running, then lowest index.
+    fn place(&self, registration: usize) -> Option<u32> {
+        let slots = self.queues[registration].len() as u32;
+        let mut open = vec![0usize; slots as usize];
+        let mut running = vec![0usize; slots as usize];
+        for session in self.sessions.values() {
+            if session.registration != registration {
+                continue;
+            }
+            if session.counts_for_placement() {
+                open[session.slot as usize] += 1;
+            }
+            if session
+                .active
+                .as_ref()
+                .is_some_and(|a| matches!(a.phase, Phase::Running { .. } | Phase::Starting { .. }))
+            {
+                running[session.slot as usize] += 1;
+            }
+        }
+        (0..slots)
+            .filter(|&slot| self.pool.healthy_key(registration, slot).is_some())
+            .min_by_key(|&slot| (open[slot as usize], running[slot as usize], slot))
+    }
+
+    // ----- admission -----
+
+    pub(crate) fn send(
+        &mut self,
+        id: &SessionId,
+        input: Option<UserInput>,
+        deadline: Option<Duration>,
+        reply: Reply<Activation>,
+    ) {
+        match self.admit_activation(id, input, deadline) {
+            Ok(sequence) => {
+                if let Some(active) = self.active_mut(id, sequence) {
+                    active.admit_reply = Some(reply);
+                }
+            }
+            Err(error) => {
+                let _ = reply.send(Err(error));
+            }
+        }
+    }
+
+    fn admit_activation(
+        &mut self,
+        id: &SessionId,
+        input: Option<UserInput>,
+        deadline: Option<Duration>,
+    ) -> Result<u64, ApiError> {
+        if self.stopping.is_some() {
+            return Err(ApiError::shutting_down());
+        }
+        let session = self.session(id)?;
+        match session.status() {
+            SessionStatus::Closed => {
+                return Err(api(
+                    ErrorCode::SessionClosed,
+                    format!("session {id} is closed"),
+                ));
+            }
+            SessionStatus::Interrupted => {
+                return Err(api(
+                    ErrorCode::SessionInterrupted,
+                    format!(
+                        "session {id} was interrupted during activation {}; create a new session to go on",
+                        session.marker.unwrap_or_default()
+                    ),
+                ));
+            }
+            SessionStatus::Open | SessionStatus::Passivated => {}
+        }
+        if let Some(active) = &session.active {
+            return Err(api(
+                ErrorCode::SessionBusy,
+                format!(
+                    "session {id} has activation {} queued or running",
+                    active.sequence
+                ),
+            ));
+        }
+        let (registration, slot) = (session.registration, session.slot);
+        if matches!(
+            self.pool.slot_state(registration, slot),
+            Some(WorkerState::Quarantined) | None
+        ) {
+            return Err(api(
+                ErrorCode::AgentloopUnavailable,
+                format!(
+                    "the worker of session {id} ({}/{slot}) is quarantined",
+                    self.pool.registration(registration).name
+                ),
+            ));
+        }
+        if let (Some(input), Some(declared)) = (&input, self.pool.agreed(registration)) {
+            check_input_media(&input.content, declared)
+                .map_err(|error| api(error.code, error.message))?;
+        }
+        let queue = self.queue(registration, slot).clone();
+        if queue.waiting() >= self.options.queue_bound {
+            return Err(api(
+                ErrorCode::Overloaded,
+                format!(
+                    "{} activations already wait for worker {}/{slot}",
+                    self.options.queue_bound,
+                    self.pool.registration(registration).name
+                ),
+            ));
+        }
+        let mut data = json!({});
+        if let Some(input) = &input {
+            data["input"] = json!(input);
+        }
+        if let Some(deadline) = deadline {
+            data["deadline_ms"] = json!(deadline.as_millis() as u64);
+        }
+        let sequence = self
+            .journal
+            .append(
+                id,
+                NewRecord {
+                    kind: RecordKind::ActivationQueued,
+                    data,
+                    origin: None,
+                },
+            )
+            .map_err(journal_error)?;
+        let entry = QueueEntry {
+            session: id.clone(),
+            sequence,
+        };
+        // The bound was checked above and only the dispatcher pushes: this cannot be full.
+        let _ = queue.push(entry);
+        let session = self
+            .sessions
+            .get_mut(id)
+            .ok_or_else(|| api(ErrorCode::UnknownSession, format!("no session {id}")))?;
+        if session.lifecycle == Lifecycle::Passivated {
+            session.lifecycle = Lifecycle::Open;
+        }
+        session.active = Some(Active {
+            sequence,
+            input,
+            phase: Phase::Queued,
+            cancel_requested: false,
+            cancel_sent: false,
+            fixed: None,
+            outstanding: 0,
+            authority_open: false,
+            started: false,
+            holds_capacity: false,
+            effects_cancel: CancelToken::new(),
+            cell: Arc::new(OutcomeCell::default()),
+            admit_reply: None,
+            events_through: None,
+            session_id: id.clone(),
+        });
+        self.when_durable(
+            id,
+            sequence,
+            DurableToken::Queued {
+                session: id.clone(),
+                sequence,
+            },
+        );
+        if let Some(deadline) = deadline {
+            self.timer.at(
+                Instant::now() + deadline,
+                Deadline::Wall {
+                    session: id.clone(),
+                    sequence,
+                },
+            );
+        }
+        Ok(sequence)
+    }
+
+    // ----- durability -----
+
+    pub(crate) fn on_durable(&mut self, token: DurableToken, result: Result<(), JournalError>) {
+        if let Err(error) = &result {
+            log::error!("journal: a record did not become durable: {error}");
+        }
+        match token {
+            DurableToken::Created { session, reply } => {
+                let answer = result
+                    .map_err(journal_error)
+                    .and_then(|()| self.info(&session));
+                let _ = reply.send(answer);
+            }
+            DurableToken::Lifecycle { session, reply } => {
+                let answer = result
+                    .map_err(journal_error)
+                    .and_then(|()| self.info(&session));
+                let _ = reply.send(answer);
+            }
+            DurableToken::Queued { session, sequence } => {
+                let commands = self.commands.clone();
+                let Some(active) = self
+                    .sessions
+                    .get_mut(&session)
+                    .and_then(|s| s.active.as_mut())
+                    .filter(|a| a.sequence == sequence)
+                else {
+                    return;
+                };
+                let Some(reply) = active.admit_reply.take() else {
+                    return;
+                };
+                let answer = result.map_err(journal_error).map(|()| Activation {
+                    session_id: session.clone(),
+                    sequence,
+                    cell: active.cell.clone(),
+                    commands,
+                });
+                let _ = reply.send(answer);
+            }
+            DurableToken::Started { session, sequence } => {
+                self.on_started_durable(&session, sequence, result)
+            }
+            DurableToken::Finished { session, sequence } => {
+                self.on_finished_durable(&session, sequence, result)
+            }
+        }
+    }
+
+    // ----- starting -----
+
+    pub(crate) fn on_fed(&mut self, registration: usize, slot: u32, entry: QueueEntry) {
+        let queue = self.queue(registration, slot).clone();
+        let QueueEntry { session, sequence } = entry;
+        let healthy = self.pool.healthy_key(registration, slot);
+        let Some(active) = self.active_mut(&session, sequence) else {
+            // Ended while the feeder handed it over.
+            queue.release();
+            return;
+        };
+        active.holds_capacity = true;
+        if active.phase != Phase::Queued || active.fixed.is_some() || active.cancel_requested {
+            active.fix(Fixed::cancelled(
+                ErrorCode::Cancelled,
+                "cancelled while queued",
+            ));
+            self.end(&session, sequence);
+            return;
+        }
+        let Some(key) = healthy else {
+            // The worker went down between the take and now: wait for its respawn.
+            active.holds_capacity = false;
+            queue.release();
+            queue.push_front(QueueEntry { session, sequence });
+            return;
+        };
+        let line = match self.prepare_run(&session, sequence, key) {
+            Ok(line) => line,
+            Err(fixed) => {
+                if let Some(active) = self.active_mut(&session, sequence) {
+                    active.fix(fixed);
+                }
+                self.end(&session, sequence);
+                return;
+            }
+        };
+        let started = self.journal.append(
+            &session,
+            NewRecord {
+                kind: RecordKind::ActivationStarted,
+                data: json!({"activation": sequence, "worker": slot}),
+                origin: None,
+            },
+        );
+        match started {
+            Ok(started) => {
+                if let Some(active) = self.active_mut(&session, sequence) {
+                    active.started = true;
+                    active.phase = Phase::Starting { key };
+                }
+                if let Some(state) = self.sessions.get_mut(&session) {
+                    state.marker = Some(sequence);
+                    state.last_run = Some((sequence, key));
+                }
+                self.pending_runs.insert((session.clone(), sequence), line);
+                self.when_durable(
+                    &session,
+                    started,
+                    DurableToken::Started {
+                        session: session.clone(),
+                        sequence,
+                    },
+                );
+            }
+            Err(error) => {
+                self.pool.forget_request(
+                    key,
+                    &SessionRequest::Run {
+                        session: session.clone(),
+                        sequence,
+                    },
+                );
+                if let Some(active) = self.active_mut(&session, sequence) {
+                    active.fix(Fixed::failed(
+                        ErrorCode::JournalFailed.as_str(),
+                        error.to_string(),
+                    ));
+                }
+                self.end(&session, sequence);
+            }
+        }
+    }
+
+    /// Builds and encodes the `run` request (registered as pending on the worker), or the failure
+    /// that ends the activation before its marker is written.
+    fn prepare_run(
+        &mut self,
+        session: &SessionId,
+        sequence: u64,
+        key: WorkerKey,
+    ) -> Result<Vec<u8>, Fixed> {
+        let journal_failed =
+            |error: JournalError| Fixed::failed(error.code().as_str(), error.to_string());
+        let view = self.journal.view(session).map_err(journal_failed)?;
+        let events = self
+            .journal
+            .pending_events(session, view.events_cursor, MAX_RUN_EVENTS)
+            .map_err(journal_failed)?;
+        let state = self.sessions.get(session).ok_or_else(|| {
+            Fixed::failed(
+                ErrorCode::UnknownSession.as_str(),
+                "the session disappeared",
+            )
+        })?;
+        let spec = state.spec.clone();
+        let input = state.active.as_ref().and_then(|a| a.input.clone());
+        let events_through = events.last().map(|e| e.sequence);
+        let kv: Map<String, Value> = view
+            .kv
+            .into_iter()
+            .filter(|(k, _)| !k.starts_with("brain."))
+            .collect();
+        let params = RunParams {
+            session_id: session.as_str().to_owned(),
+            sequence,
+            state_dir: spec.state_dir.to_string_lossy().into_owned(),
+            model: spec.model.clone(),
+            input: RunInput {
+                input,
+                transcript: view.transcript,
+                kv,
+                events,
+                tools: tool_declarations(&spec.request.tools, &spec.incarnations),
+                system: spec.request.system.clone(),
+                configuration: spec.configuration.clone(),
+                runtime: runtime_envelope(session, sequence),
+            },
+        };
+        let request = SessionRequest::Run {
+            session: session.clone(),
+            sequence,
+        };
+        let line = self
+            .pool
+            .prepare_request(key, method::RUN, &params, request.clone())
+            .ok_or_else(|| Fixed::failed(ErrorCode::WorkerLost.as_str(), "the worker went away"))?;
+        if line.len() > self.options.max_line_bytes {
+            self.pool.forget_request(key, &request);
+            return Err(Fixed::failed(
+                ErrorCode::InputTooLarge.as_str(),
+                format!(
+                    "the run request is {} bytes, over the line limit of {}",
+                    line.len(),
+                    self.options.max_line_bytes
+                ),
+            ));
+        }
+        if let Some(active) = self.active_mut(session, sequence) {
+            active.events_through = events_through;
+        }
+        Ok(line)
+    }
+
+    fn on_started_durable(
+        &mut self,
+        session: &SessionId,
+        sequence: u64,
+        result: Result<(), JournalError>,
+    ) {
+        let line = self.pending_runs.remove(&(session.clone(), sequence));
+        let live = match self.active_mut(session, sequence).map(|a| a.phase) {
+            Some(Phase::Starting { key }) => self.pool.is_live(key),
+            _ => false,
+        };
+        let Some(active) = self.active_mut(session, sequence) else {
+            return;
+        };
+        let Phase::Starting { key } = active.phase else {
+            return; // ended meanwhile (worker lost); the finished record follows the started one
+        };
+        let run = SessionRequest::Run {
+            session: session.clone(),
+            sequence,
+        };
+        if let Err(error) = result {
+            active.fix(Fixed::failed(
+                ErrorCode::JournalFailed.as_str(),
+                error.to_string(),
+            ));
+            self.pool.forget_request(key, &run);
+            self.end(session, sequence);
+            return;
+        }
+        if active.cancel_requested || active.fixed.is_some() {
+            // Cancelled between the take and now: the marker is written, `run` is never sent.
+            active.fix(Fixed::cancelled(
+                ErrorCode::Cancelled,
+                "cancelled before run was sent",
+            ));
+            self.pool.forget_request(key, &run);
+            self.end(session, sequence);
+            return;
+        }
+        let (Some(line), true) = (line, live) else {
+            active.fix(Fixed::failed(
+                ErrorCode::WorkerLost.as_str(),
+                "the worker was lost before run was sent",
+            ));
+            self.pool.forget_request(key, &run);
+            self.end(session, sequence);
+            return;
+        };
+        active.phase = Phase::Running { key };
+        active.authority_open = true;
+        self.pool.send_line(key, line);
+        log::debug!("session {session}: activation {sequence} running on {key:?}");
+    }
+
+    // ----- answers, losses -----
+
+    pub(crate) fn on_answer(
+        &mut self,
+        key: WorkerKey,
+        request: SessionRequest,
+        outcome: Result<Value, RpcError>,
+    ) {
+        match request {
+            SessionRequest::Run { session, sequence } => {
+                self.on_run_answer(key, &session, sequence, outcome)
+            }
+            SessionRequest::Cancel { session, sequence } => {
+                if let Err(error) = outcome {
+                    log::warn!(
+                        "session {session}: cancel of activation {sequence} answered with an error: {}",
+                        error.message
+                    );
+                }
+            }
+            SessionRequest::Close { session } => {
+                if let Err(error) = outcome {
+                    log::warn!(
+                        "session {session}: close answered with an error: {}",
+                        error.message
+                    );
+                }
+            }
+        }
+    }
+
+    fn on_run_answer(
+        &mut self,
+        key: WorkerKey,
+        session: &SessionId,
+        sequence: u64,
+        outcome: Result<Value, RpcError>,
+    ) {
+        let Some(active) = self.active_mut(session, sequence) else {
+            return;
+        };
+        if !active.is_running_on(key) {
+            return;
+        }
+        active.authority_open = false;
+        if active.outstanding > 0 {
+            active.fix(Fixed::failed(
+                ErrorCode::CallbacksOutstanding.as_str(),
+                format!(
+                    "the harness answered run with {} callbacks unanswered",
+                    active.outstanding
+                ),
+            ));
+        }
+        let answered = match outcome {
+            Ok(value) => match serde_json::from_value::<RunResult>(value) {
+                Ok(result) => Fixed::completed(result.result),
+                Err(error) => Fixed::failed(
+                    ErrorCode::InvalidResponse.as_str(),
+                    format!("the run answer is not {{\"result\": …}}: {error}"),
+                ),
+            },
+            Err(error) => {
+                let code = run_failure_code(&error);
+                if code == ErrorCode::Cancelled.as_str() && active.cancel_sent {
+                    Fixed::cancelled(ErrorCode::Cancelled, error.message)
+                } else if code == ErrorCode::Cancelled.as_str() {
+                    // A harness cannot cancel on its own: without Brain's cancel it is a failure.
+                    Fixed {
+                        kind: OutcomeKind::Failed,
+                        ..Fixed::failed(&code, error.message)
+                    }
+                } else {
+                    Fixed::failed(&code, error.message)
+                }
+            }
+        };
+        active.fix(answered);
+        self.end(session, sequence);
+    }
+
+    pub(crate) fn on_worker_lost(
+        &mut self,
+        key: WorkerKey,
+        failure: &WorkerFailure,
+        unanswered: Vec<SessionRequest>,
+    ) {
+        for request in unanswered {
+            let SessionRequest::Run { session, sequence } = request else {
+                continue;
+            };
+            let Some(active) = self.active_mut(&session, sequence) else {
+                continue;
+            };
+            if !matches!(active.phase, Phase::Running { key: k } | Phase::Starting { key: k } if k == key)
+            {
+                continue;
+            }
+            active.authority_open = false;
+            active.fix(Fixed::failed(
+                ErrorCode::WorkerLost.as_str(),
+                format!("the worker was lost: {failure}"),
+            ));
+            self.end(&session, sequence);
+        }
+    }
+
+    pub(crate) fn on_slot_state(&mut self, registration: usize, slot: u32, state: WorkerState) {
+        let Some(queue) = self
+            .queues
+            .get(registration)
+            .and_then(|q| q.get(slot as usize))
+        else {
+            return;
+        };
+        let queue = queue.clone();
+        queue.set_open(state == WorkerState::Healthy && self.stopping.is_none());
+        if state == WorkerState::Quarantined {
+            for QueueEntry { session, sequence } in queue.drain() {
+                if let Some(active) = self.active_mut(&session, sequence) {
+                    active.fix(Fixed::failed(
+                        ErrorCode::AgentloopUnavailable.as_str(),
+                        "the session's worker was quarantined",
+                    ));
+                }
+                self.end(&session, sequence);
+            }
+        }
+    }
+
+    // ----- ending -----
+
+    /// The outcome is fixed: stop admitting callbacks, stop effects, release capacity, and finish
+    /// once admitted callbacks have drained.
+    pub(crate) fn end(&mut self, session: &SessionId, sequence: u64) {
+        let Some(state) = self.sessions.get_mut(session) else {
+            return;
+        };
+        let (registration, slot) = (state.registration, state.slot);
+        let Some(active) = state.active.as_mut().filter(|a| a.sequence == sequence) else {
+            return;
+        };
+        if matches!(active.phase, Phase::Finishing) {
+            return;
+        }
+        if let Phase::Running { key } | Phase::Starting { key } = active.phase {
+            self.pool.forget_request(
+                key,
+                &SessionRequest::Run {
+                    session: session.clone(),
+                    sequence,
+                },
+            );
+        }
+        active.phase = Phase::Ended;
+        active.authority_open = false;
+        active.effects_cancel.cancel();
+        if active.holds_capacity {
+            active.holds_capacity = false;
+            self.queues[registration][slot as usize].release();
+        }
+        self.try_finish(session, sequence);
+    }
+
+    /// Appends `activation_finished` once the activation ended and its callbacks drained.
+    pub(crate) fn try_finish(&mut self, session: &SessionId, sequence: u64) {
+        let Some(active) = self.active_mut(session, sequence) else {
+            return;
+        };
+        if active.phase != Phase::Ended || active.outstanding > 0 {
+            return;
+        }
+        let fixed = active
+            .fixed
+            .clone()
+            .unwrap_or_else(|| Fixed::failed(ErrorCode::HarnessError.as_str(), "no outcome"));
+        let mut data = json!({"activation": sequence, "outcome": fixed.kind.as_str()});
+        if let Some(code) = &fixed.code {
+            data["code"] = json!(code);
+        }
+        if let Some(message) = &fixed.message {
+            data["message"] = json!(message);
+        }
+        if let Some(result) = &fixed.result {
+            data["result"] = result.clone();
+        }
+        if fixed.kind == OutcomeKind::Completed
+            && let Some(through) = active.events_through
+        {
+            data["events_through"] = json!(through);
+        }
+        active.phase = Phase::Finishing;
+        let token = DurableToken::Finished {
+            session: session.clone(),
+            sequence,
+        };
+        if let Err(error) = self.append(session, RecordKind::ActivationFinished, data, token) {
+            log::error!(
+                "session {session}: recording activation {sequence}'s outcome failed: {error}"
+            );
+            self.deliver(
+                session,
+                sequence,
+                Fixed::failed(ErrorCode::JournalFailed.as_str(), error.to_string()),
+            );
+        }
+    }
+
+    fn on_finished_durable(
+        &mut self,
+        session: &SessionId,
+        sequence: u64,
+        result: Result<(), JournalError>,
+    ) {
+        let Some(fixed) = self
+            .active_mut(session, sequence)
+            .and_then(|a| a.fixed.clone())
+        else {
+            return;
+        };
+        let fixed = match result {
+            Ok(()) => fixed,
+            Err(error) => Fixed::failed(ErrorCode::JournalFailed.as_str(), error.to_string()),
+        };
+        self.deliver(session, sequence, fixed);
+    }
+
+    /// Delivers the outcome to waiters and frees the session for its next activation.
+    fn deliver(&mut self, session: &SessionId, sequence: u64, fixed: Fixed) {
+        let Some(state) = self.sessions.get_mut(session) else {
+            return;
+        };
+        let Some(active) = state.active.take_if(|a| a.sequence == sequence) else {
+            return;
+        };
+        if active.started && fixed.kind == OutcomeKind::Completed {
+            state.marker = None;
+        }
+        log::info!(
+            "session {session}: activation {sequence} {}{}",
+            fixed.kind.as_str(),
+            fixed
+                .code
+                .as_deref()
+                .map(|c| format!(" ({c})"))
+                .unwrap_or_default()
+        );
+        active.cell.complete(Outcome {
+            session_id: session.clone(),
+            sequence,
+            outcome: fixed.kind,
+            result: fixed.result,
+            error: fixed.code.map(|code| ActivationError {
+                code,
+                message: fixed.message.unwrap_or_default(),
+            }),
+        });
+    }
+
+    // ----- cancellation and deadlines -----
+
+    pub(crate) fn cancel(
+        &mut self,
+        session: &SessionId,
+        sequence: Option<u64>,
+    ) -> Result<Cancelled, ApiError> {
+        let state = self.session(session)?;
+        let Some(active) = state
+            .active
+            .as_ref()
+            .filter(|a| sequence.is_none_or(|s| s == a.sequence))
+        else {
+            return Err(api(
+                ErrorCode::ActivationNotActive,
+                format!("session {session} has no such activation queued or running"),
+            ));
+        };
+        let sequence = active.sequence;
+        self.cancel_activation(
+            session,
+            sequence,
+            Fixed::cancelled(ErrorCode::Cancelled, "cancelled"),
+        )
+    }
+
+    /// Cancels an activation; `fixed` is the outcome recorded if nothing fixed one earlier and
+    /// the activation does not complete anyway.
+    fn cancel_activation(
+        &mut self,
+        session: &SessionId,
+        sequence: u64,
+        fixed: Fixed,
+    ) -> Result<Cancelled, ApiError> {
+        let (registration, slot) = match self.sessions.get(session) {
+            Some(state) => (state.registration, state.slot),
+            None => {
+                return Err(api(
+                    ErrorCode::UnknownSession,
+                    format!("no session {session}"),
+                ));
+            }
+        };
+        let queue = self.queue(registration, slot).clone();
+        let cancel_grace = self.options.cancel_grace;
+        let Some(active) = self.active_mut(session, sequence) else {
+            return Err(api(
+                ErrorCode::ActivationNotActive,
+                "the activation already ended",
+            ));
+        };
+        match active.phase {
+            Phase::Queued => {
+                let removed = queue.remove(&QueueEntry {
+                    session: session.clone(),
+                    sequence,
+                });
+                active.cancel_requested = true;
+                if !fixed_is_cancel(&fixed) || removed {
+                    active.fix(fixed);
+                }
+                if removed {
+                    self.end(session, sequence);
+                }
+                Ok(Cancelled {
+                    sequence,
+                    was_running: false,
+                })
+            }
+            Phase::Starting { .. } => {
+                active.cancel_requested = true;
+                if !fixed_is_cancel(&fixed) {
+                    active.fix(fixed);
+                }
+                Ok(Cancelled {
+                    sequence,
+                    was_running: true,
+                })
+            }
+            Phase::Running { key } => {
+                active.cancel_requested = true;
+                active.effects_cancel.cancel();
+                if !fixed_is_cancel(&fixed) {
+                    active.fix(fixed);
+                }
+                if !active.cancel_sent {
+                    active.cancel_sent = true;
+                    let params = CancelParams {
+                        session_id: session.as_str().to_owned(),
+                        sequence,
+                    };
+                    self.pool.request(
+                        key,
+                        method::CANCEL,
+                        &params,
+                        SessionRequest::Cancel {
+                            session: session.clone(),
+                            sequence,
+                        },
+                    );
+                    self.timer.at(
+                        Instant::now() + cancel_grace,
+                        Deadline::CancelGrace {
+                            session: session.clone(),
+                            sequence,
+                        },
+                    );
+                }
+                Ok(Cancelled {
+                    sequence,
+                    was_running: true,
+                })
+            }
+            Phase::Ended | Phase::Finishing => Err(api(
+                ErrorCode::ActivationNotActive,
+                "the activation already ended",
+            )),
+        }
+    }
+
+    pub(crate) fn on_grace_expired(&mut self, session: &SessionId, sequence: u64, why: &str) {
+        let Some(active) = self.active_mut(session, sequence) else {
+            return;
+        };
+        let Phase::Running { key } = active.phase else {
+            return;
+        };
+        active.fix(Fixed::cancelled(
+            ErrorCode::Cancelled,
+            format!("run was not answered within the grace after {why}; the worker was killed"),
+        ));
+        self.pool.kill(
+            key,
+            FailureReason::Killed(format!(
+                "run of activation {sequence} of session {session} unanswered one grace after {why}"
+            )),
+        );
+    }
+
+    pub(crate) fn on_wall_deadline(&mut self, session: &SessionId, sequence: u64) {
+        if self.active_mut(session, sequence).is_none() {
+            return;
+        }
+        let fixed = Fixed::failed(
+            ErrorCode::DeadlineExceeded.as_str(),
+            "the activation's wall deadline expired",
+        );
+        let _ = self.cancel_activation(session, sequence, fixed);
+    }
+
+    pub(crate) fn end_queued_for_shutdown(&mut self) {
+        for queue in self.queues.iter().flatten() {
+            queue.set_open(false);
+        }
+        let queued: Vec<(SessionId, u64)> = self
+            .sessions
+            .iter()
+            .filter_map(|(id, s)| {
+                s.active
+                    .as_ref()
+                    .filter(|a| a.phase == Phase::Queued)
+                    .map(|a| (id.clone(), a.sequence))
+            })
+            .collect();
+        for (session, sequence) in queued {
+            let _ = self.cancel_activation(
+                &session,
+                sequence,
+                Fixed::cancelled(ErrorCode::ShuttingDown, "Brain is shutting down"),
+            );
+        }
+    }
+
+    pub(crate) fn cancel_all_running(&mut self) {
+        let running: Vec<(SessionId, u64)> = self
+            .sessions
+            .iter()
+            .filter_map(|(id, s)| s.active.as_ref().map(|a| (id.clone(), a.sequence)))
+            .collect();
+        for (session, sequence) in running {
+            let _ = self.cancel_activation(
+                &session,
+                sequence,
+                Fixed::cancelled(ErrorCode::Cancelled, "cancelled: Brain is shutting down"),
+            );
+        }
+    }
+
+    // ----- lifecycle -----
+
+    fn send_close(&mut self, session: &SessionId, reason: CloseReason) {
+        let Some(state) = self.sessions.get(session) else {
+            return;
+        };
+        let Some(key) = self.pool.healthy_key(state.registration, state.slot) else {
+            return; // no live harness holds its memory
+        };
+        let params = CloseParams {
+            session_id: session.as_str().to_owned(),
+            reason,
+        };
+        self.pool.request(
+            key,
+            method::CLOSE,
+            &params,
+            SessionRequest::Close {
+                session: session.clone(),
+            },
+        );
+    }
+
+    pub(crate) fn passivate(&mut self, id: &SessionId, reply: Reply<SessionInfo>) {
+        let refusal = match self.session(id) {
+            Err(error) => Some(error),
+            Ok(session) if session.active.is_some() => Some(api(
+                ErrorCode::SessionBusy,
+                format!("session {id} has an activation queued or running"),
+            )),
+            Ok(session) => match session.status() {
+                SessionStatus::Closed => Some(api(
+                    ErrorCode::SessionClosed,
+                    format!("session {id} is closed"),
+                )),
+                SessionStatus::Interrupted => Some(api(
+                    ErrorCode::SessionInterrupted,
+                    format!("session {id} is interrupted and cannot be passivated"),
+                )),
+                SessionStatus::Passivated => {
+                    let _ = reply.send(self.info(id));
+                    return;
+                }
+                SessionStatus::Open => None,
+            },
+        };
+        if let Some(error) = refusal {
+            let _ = reply.send(Err(error));
+            return;
+        }
+        let token = DurableToken::Lifecycle {
+            session: id.clone(),
+            reply: reply.clone(),
+        };
+        match self.append(id, RecordKind::SessionPassivated, json!({}), token) {
+            Ok(_) => {
+                if let Some(state) = self.sessions.get_mut(id) {
+                    state.lifecycle = Lifecycle::Passivated;
+                }
+                self.send_close(id, CloseReason::Passivated);
+            }
+            Err(error) => {
+                let _ = reply.send(Err(journal_error(error)));
+            }
+        }
+    }
+
+    pub(crate) fn close(&mut self, id: &SessionId, reply: Reply<SessionInfo>) {
+        let refusal = match self.session(id) {
+            Err(error) => Some(error),
+            Ok(session) if session.active.is_some() => Some(api(
+                ErrorCode::SessionBusy,
+                format!("session {id} has an activation queued or running"),
+            )),
+            Ok(session) if session.lifecycle == Lifecycle::Closed => {
+                let _ = reply.send(self.info(id));
+                return;
+            }
+            Ok(_) => None,
+        };
+        if let Some(error) = refusal {
+            let _ = reply.send(Err(error));
+            return;
+        }
+        let holds_memory = self
+            .sessions
+            .get(id)
+            .is_some_and(|s| s.lifecycle != Lifecycle::Passivated);
+        let token = DurableToken::Lifecycle {
+            session: id.clone(),
+            reply: reply.clone(),
+        };
+        match self.append(id, RecordKind::SessionClosed, json!({}), token) {
+            Ok(_) => {
+                if let Some(state) = self.sessions.get_mut(id) {
+                    state.lifecycle = Lifecycle::Closed;
+                }
+                if holds_memory {
+                    self.send_close(id, CloseReason::Closed);
+                }
+            }
+            Err(error) => {
+                let _ = reply.send(Err(journal_error(error)));
+            }
+        }
+    }
+
+    pub(crate) fn delete(&mut self, id: &SessionId) -> Result<PathBuf, ApiError> {
+        let session = self.session(id)?;
+        if session.active.is_some() {
+            return Err(api(
+                ErrorCode::SessionBusy,
+                format!("session {id} has an activation queued or running"),
+            ));
+        }
+        let status = session.status();
+        if !matches!(status, SessionStatus::Closed | SessionStatus::Interrupted) {
+            return Err(api(
+                ErrorCode::InvalidRequest,
+                format!("session {id} is {status:?}; close it before deleting it"),
+            ));
+        }
+        self.journal.delete(id).map_err(journal_error)?;
+        if status == SessionStatus::Interrupted {
+            self.send_close(id, CloseReason::Deleted);
+        }
+        let state_dir = self
+            .sessions
+            .remove(id)
+            .map(|s| s.spec.state_dir.clone())
+            .unwrap_or_default();
+        log::info!("session {id}: deleted");
+        Ok(state_dir)
+    }
+}
+
+fn fixed_is_cancel(fixed: &Fixed) -> bool {
+    fixed.kind == OutcomeKind::Cancelled && fixed.code.as_deref() == Some("cancelled")
+}

@@ -1,0 +1,106 @@
+//! A journal wrapper that lets readers wait for new records instead of polling.
+//!
+//! Every successful append bumps a counter under a small lock and wakes the waiters; a reader
+//! re-reads what it wants and waits again if it is not there yet. The lock is a leaf: it is never
+//! held while the inner journal is called.
+
+use crate::journal::{DurableCallback, Journal, JournalError, NewRecord, SessionView};
+use crate::protocol::harness::Event;
+use crate::session::SessionId;
+use parking_lot::{Condvar, Mutex};
+use serde_json::Value;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Wraps a journal; appends wake [`WatchedJournal::wait_change`].
+pub(crate) struct WatchedJournal {
+    inner: Arc<dyn Journal>,
+    version: Mutex<u64>,
+    changed: Condvar,
+}
+
+impl WatchedJournal {
+    pub(crate) fn new(inner: Arc<dyn Journal>) -> WatchedJournal {
+        WatchedJournal {
+            inner,
+            version: Mutex::new(0),
+            changed: Condvar::new(),
+        }
+    }
+
+    /// The current version; pass it to [`WatchedJournal::wait_change`].
+    pub(crate) fn version(&self) -> u64 {
+        *self.version.lock()
+    }
+
+    /// Blocks until some record was appended after `seen` was read, or `deadline` passes.
+    /// Returns whether something changed.
+    pub(crate) fn wait_change(&self, seen: u64, deadline: Instant) -> bool {
+        let mut version = self.version.lock();
+        while *version == seen {
+            if self.changed.wait_until(&mut version, deadline).timed_out() {
+                return *version != seen;
+            }
+        }
+        true
+    }
+
+    fn bump(&self) {
+        *self.version.lock() += 1;
+        self.changed.notify_all();
+    }
+}
+
+impl Journal for WatchedJournal {
+    fn create(&self, session: &SessionId, record: NewRecord) -> Result<u64, JournalError> {
+        let sequence = self.inner.create(session, record)?;
+        self.bump();
+        Ok(sequence)
+    }
+
+    fn append(&self, session: &SessionId, record: NewRecord) -> Result<u64, JournalError> {
+        let sequence = self.inner.append(session, record)?;
+        self.bump();
+        Ok(sequence)
+    }
+
+    fn on_durable(&self, session: &SessionId, sequence: u64, done: DurableCallback) {
+        self.inner.on_durable(session, sequence, done)
+    }
+
+    fn read(
+        &self,
+        session: &SessionId,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<Event>, JournalError> {
+        self.inner.read(session, after, limit)
+    }
+
+    fn pending_events(
+        &self,
+        session: &SessionId,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<Event>, JournalError> {
+        self.inner.pending_events(session, after, limit)
+    }
+
+    fn view(&self, session: &SessionId) -> Result<SessionView, JournalError> {
+        self.inner.view(session)
+    }
+
+    fn kv_get(&self, session: &SessionId, key: &str) -> Result<Option<Value>, JournalError> {
+        self.inner.kv_get(session, key)
+    }
+
+    fn delete(&self, session: &SessionId) -> Result<(), JournalError> {
+        self.inner.delete(session)?;
+        self.bump();
+        Ok(())
+    }
+
+    fn sessions(&self) -> Result<Vec<SessionId>, JournalError> {
+        self.inner.sessions()
+    }
+}
