@@ -174,3 +174,89 @@ fn the_embedded_default_runs_the_reference_harness_beside_the_binary() {
     );
     assert!(stdout.contains("reference") && stdout.contains("brain-reference-harness"));
 }
+
+#[test]
+fn run_answers_hello_with_the_embedded_default() {
+    let dir = temp_dir("cli-run");
+    let data = dir.join("data");
+    let output = brain(&["run", "--data-dir", &data.to_string_lossy(), "hello"]);
+    let stdout = text(&output.stdout);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{stdout}{}",
+        text(&output.stderr)
+    );
+    // The scripted provider echoes the user's text; the reference harness answers with it.
+    assert_eq!(stdout.trim(), "hello");
+}
+
+#[test]
+fn run_json_reports_the_outcome_and_a_script_drives_the_model() {
+    let dir = temp_dir("cli-run-json");
+    let script = dir.join("script.json");
+    std::fs::write(
+        &script,
+        serde_json::json!([{
+            "message": {"role": "assistant", "content": [{"type": "text", "text": "scripted answer"}]},
+            "stop_reason": "end_turn"
+        }])
+        .to_string(),
+    )
+    .unwrap();
+    let output = brain(&[
+        "run",
+        "--json",
+        "--data-dir",
+        &dir.join("data").to_string_lossy(),
+        "--script",
+        &script.to_string_lossy(),
+        "ignored",
+    ]);
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    assert_eq!(report["outcome"], "completed");
+    assert_eq!(report["result"]["text"], "scripted answer");
+    assert_eq!(report["result"]["rounds"], 1);
+    assert!(report["session_id"].as_str().unwrap().starts_with("ses_"));
+    assert!(report["sequence"].as_u64().is_some());
+}
+
+#[test]
+fn run_fails_with_exit_one_and_the_error_code() {
+    let registrations = serde_json::json!({
+        "failing": {"command": FAULT_HARNESS, "configuration": {"fault": "fail", "code": "model_refused"}},
+    });
+    let data = temp_dir("cli-run-fail").join("data");
+    let data = data.to_string_lossy();
+    let output = brain(&[
+        "run",
+        "--data-dir",
+        &data,
+        "--agentloops",
+        &registrations.to_string(),
+        "x",
+    ]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        text(&output.stderr).contains("model_refused"),
+        "{}",
+        text(&output.stderr)
+    );
+    // Continuing a session needs the durable journal: an unknown one is refused.
+    let output = brain(&[
+        "run",
+        "--data-dir",
+        &data,
+        "--session",
+        "ses_00000000000000000000",
+        "x",
+    ]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(text(&output.stderr).contains("unknown_session"));
+    assert_eq!(brain(&["run"]).status.code(), Some(2));
+    assert_eq!(
+        brain(&["run", "--session", "../etc", "x"]).status.code(),
+        Some(2)
+    );
+}

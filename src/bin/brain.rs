@@ -2,22 +2,36 @@
 //!
 //! Exit codes are a contract: 0 ok, 1 not ready / failed, 2 usage, 78 configuration refused.
 
-use brain::{Brain, Config, Options, Registration, Registrations, WorkerState};
+use brain::effects::{Effects, ScriptedProvider};
+use brain::protocol::harness::{Block, UserInput};
+use brain::session::{CreateSession, SessionId};
+use brain::{Brain, Config, Options, OutcomeKind, Registration, Registrations, WorkerState};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 const USAGE: &str = "\
 usage: brain <command> [options]
 
 commands:
+  run       start Brain, create a session (or continue --session), send MESSAGE, print the
+            activation's result or error, stop. Exit 0 completed, 1 failed or cancelled.
   check     validate registrations, start every worker, report each, stop them
             (takes no lock and writes nothing: safe beside a running server)
 
-options (check):
+brain run [options] [--agentloop NAME] [--session ID] [--script FILE] [--json] MESSAGE
+  --agentloop NAME           the registration to run (default: the only one, else reference)
+  --session ID               continue this session instead of creating one
+  --script FILE              a JSON list of model results for the scripted provider
+  --json                     print one JSON object: session_id, sequence, outcome, result|error
+
+brain check [options] [--json]
+  --json                     print the report as JSON
+
+options (both):
   --agentloops FILE|JSON     registrations (default: $BRAIN_AGENTLOOPS, else the bundled
                              reference harness)
-  --json                     print the report as JSON
   --data-dir DIR             data directory (default ./brain-data)
   --init-deadline DURATION   initialize deadline (default 30s)
   --cancel-grace DURATION    grace before a kill after cancel or shutdown (default 5s)
@@ -38,6 +52,7 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("check") => check(&args[1..]),
+        Some("run") => run(&args[1..]),
         Some("-h" | "--help" | "help") => {
             print!("{USAGE}");
             ExitCode::SUCCESS
@@ -141,6 +156,170 @@ fn registrations(flag: Option<&str>) -> Result<Registrations, String> {
     .map_err(|error| error.to_string())
 }
 
+/// Starts Brain or reports why not, as an exit code.
+fn start_brain(config: Config) -> Result<Brain, ExitCode> {
+    match Brain::start(config) {
+        Ok(brain) => Ok(brain),
+        Err(error) if error.is_configuration() => {
+            eprintln!("brain: configuration refused: {error}");
+            Err(ExitCode::from(EXIT_CONFIG))
+        }
+        Err(error) => {
+            eprintln!("brain: {error}");
+            Err(ExitCode::FAILURE)
+        }
+    }
+}
+
+fn run(args: &[String]) -> ExitCode {
+    let (common, rest) = match parse_common(args) {
+        Ok(parsed) => parsed,
+        Err(message) => return usage_error(&message),
+    };
+    let (mut json, mut agentloop, mut session, mut script, mut message) =
+        (false, None, None, None, None);
+    let mut rest = rest.into_iter();
+    while let Some(arg) = rest.next() {
+        match arg.as_str() {
+            "--json" => json = true,
+            "--agentloop" | "--session" | "--script" => {
+                let Some(value) = rest.next() else {
+                    return usage_error(&format!("{arg} needs a value"));
+                };
+                match arg.as_str() {
+                    "--agentloop" => agentloop = Some(value),
+                    "--session" => session = Some(value),
+                    _ => script = Some(value),
+                }
+            }
+            "-h" | "--help" => {
+                print!("{USAGE}");
+                return ExitCode::SUCCESS;
+            }
+            other if other.starts_with("--") => {
+                return usage_error(&format!("run: unknown argument {other:?}"));
+            }
+            _ if message.is_some() => return usage_error("run: give exactly one MESSAGE"),
+            _ => message = Some(arg),
+        }
+    }
+    let Some(message) = message else {
+        return usage_error("run: no MESSAGE given");
+    };
+    let session = match session.map(|id| SessionId::parse(&id)).transpose() {
+        Ok(session) => session,
+        Err(why) => return usage_error(&format!("run: --session: {why}")),
+    };
+    init_logging("warn");
+    let registrations = match registrations(common.agentloops.as_deref()) {
+        Ok(registrations) => registrations,
+        Err(message) => {
+            eprintln!("brain: configuration refused: {message}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    let name = match agentloop {
+        Some(name) => name,
+        None if registrations.len() == 1 => match registrations.iter().next() {
+            Some(only) => only.name.clone(),
+            None => return usage_error("run: no registration"),
+        },
+        None => "reference".to_owned(),
+    };
+    let mut effects = Effects::default();
+    if let Some(script) = script {
+        match ScriptedProvider::load(&script) {
+            Ok(provider) => effects = effects.with_provider("scripted", Arc::new(provider)),
+            Err(why) => {
+                eprintln!("brain: configuration refused: --script: {why}");
+                return ExitCode::from(EXIT_CONFIG);
+            }
+        }
+    }
+    let grace = common.options.cancel_grace;
+    let mut config = Config::new(registrations);
+    config.options = common.options;
+    config.effects = effects;
+    let mut brain = match start_brain(config) {
+        Ok(brain) => brain,
+        Err(code) => return code,
+    };
+    let outcome = turn(&brain, &name, session.as_ref(), &message);
+    brain.shutdown(grace);
+    let outcome = match outcome {
+        Ok(outcome) => outcome,
+        Err(error) => {
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({"outcome": "refused", "error": error})
+                );
+            } else {
+                eprintln!("brain: {error}");
+            }
+            return ExitCode::FAILURE;
+        }
+    };
+    if json {
+        match serde_json::to_string(&outcome) {
+            Ok(text) => println!("{text}"),
+            Err(error) => {
+                eprintln!("brain: rendering the outcome: {error}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        match (&outcome.result, &outcome.error) {
+            (_, Some(error)) => eprintln!(
+                "brain: activation {} {}: {}: {}",
+                outcome.sequence,
+                outcome.outcome.as_str(),
+                error.code,
+                error.message
+            ),
+            (Some(result), None) => match result.get("text").and_then(|t| t.as_str()) {
+                Some(text) => println!("{text}"),
+                None => println!("{result}"),
+            },
+            (None, None) => {}
+        }
+        eprintln!(
+            "session {} activation {}",
+            outcome.session_id, outcome.sequence
+        );
+    }
+    if outcome.outcome == OutcomeKind::Completed {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// One turn: create (or find) the session, send the message, wait for the outcome.
+fn turn(
+    brain: &Brain,
+    agentloop: &str,
+    session: Option<&SessionId>,
+    message: &str,
+) -> Result<brain::Outcome, brain::ApiError> {
+    let session = match session {
+        Some(id) => brain.session(id),
+        None => {
+            let request = CreateSession::parse(
+                serde_json::json!({"agentloop": {"name": agentloop}})
+                    .to_string()
+                    .as_bytes(),
+            )
+            .map_err(|error| brain::ApiError::new(error.code, error.message))?;
+            brain.create_session(request)?
+        }
+    };
+    let activation = session.send(UserInput {
+        content: vec![Block::text(message)],
+    })?;
+    Ok(activation.wait())
+}
+
 fn check(args: &[String]) -> ExitCode {
     let (common, rest) = match parse_common(args) {
         Ok(parsed) => parsed,
@@ -168,16 +347,9 @@ fn check(args: &[String]) -> ExitCode {
     let grace = common.options.cancel_grace;
     let mut config = Config::new(registrations);
     config.options = common.options;
-    let mut brain = match Brain::start(config) {
+    let mut brain = match start_brain(config) {
         Ok(brain) => brain,
-        Err(error) if error.is_configuration() => {
-            eprintln!("brain: configuration refused: {error}");
-            return ExitCode::from(EXIT_CONFIG);
-        }
-        Err(error) => {
-            eprintln!("brain: {error}");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
     let status = brain.status();
     brain.shutdown(grace);
