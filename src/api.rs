@@ -331,6 +331,18 @@ impl Session {
         })
     }
 
+    /// Appends a client event (`event_emitted`, origin `client`) for the harness to see in the
+    /// `events` of its next activation. Returns the record's sequence once it is durable. Refuses
+    /// `session_closed`, and `invalid_request` for an empty type or one of Brain's record kinds.
+    pub fn append_event(&self, event_type: &str, data: serde_json::Value) -> Result<u64, ApiError> {
+        request(&self.commands, |reply| Command::ClientEvent {
+            session: self.id.clone(),
+            event_type: event_type.to_owned(),
+            data,
+            reply,
+        })
+    }
+
     /// Cancels the session's queued or running activation (see [`Canceller::cancel`]).
     pub fn cancel(&self) -> Result<Cancelled, ApiError> {
         request(&self.commands, |reply| Command::Cancel {

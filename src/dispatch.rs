@@ -68,6 +68,13 @@ pub(crate) enum Command {
         session: SessionId,
         reply: Reply<PathBuf>,
     },
+    /// Append a client event for the harness to see at its next activation.
+    ClientEvent {
+        session: SessionId,
+        event_type: String,
+        data: serde_json::Value,
+        reply: Reply<u64>,
+    },
     /// View one session.
     Info {
         session: SessionId,
@@ -276,6 +283,12 @@ impl Dispatcher {
             Command::Delete { session, reply } => {
                 let _ = reply.send(self.delete(&session));
             }
+            Command::ClientEvent {
+                session,
+                event_type,
+                data,
+                reply,
+            } => self.client_event(&session, event_type, data, reply),
             Command::Info { session, reply } => {
                 let _ = reply.send(self.info(&session));
             }

@@ -19,8 +19,8 @@ use crate::dispatch::{Dispatcher, Internal};
 use crate::journal::{JournalError, NewRecord};
 use crate::pool::{Deadline, SessionRequest};
 use crate::protocol::harness::{
-    CancelParams, CloseParams, CloseReason, ErrorCode, ModelMetadata, RecordKind, RunInput,
-    RunParams, RunResult, UserInput, method, run_failure_code,
+    CancelParams, CloseParams, CloseReason, ErrorCode, EventOrigin, ModelMetadata, OriginKind,
+    RecordKind, RunInput, RunParams, RunResult, UserInput, method, run_failure_code,
 };
 use crate::protocol::jsonrpc::RpcError;
 use crate::session::{
@@ -69,6 +69,8 @@ pub(crate) enum DurableToken {
         session: SessionId,
         reply: Reply<SessionInfo>,
     },
+    /// A client's `event_emitted`: answer with its sequence.
+    ClientEvent { sequence: u64, reply: Reply<u64> },
 }
 
 /// The immutable part of a session, fixed at creation.
@@ -666,6 +668,9 @@ impl Dispatcher {
                     .map_err(journal_error)
                     .and_then(|()| self.info(&session));
                 let _ = reply.send(answer);
+            }
+            DurableToken::ClientEvent { sequence, reply } => {
+                let _ = reply.send(result.map_err(journal_error).map(|()| sequence));
             }
             DurableToken::Queued { session, sequence } => {
                 let commands = self.commands.clone();
@@ -1350,6 +1355,51 @@ impl Dispatcher {
                 sequence,
                 Fixed::cancelled(ErrorCode::Cancelled, "cancelled: Brain is shutting down"),
             );
+        }
+    }
+
+    // ----- client events -----
+
+    pub(crate) fn client_event(
+        &mut self,
+        id: &SessionId,
+        event_type: String,
+        data: Value,
+        reply: Reply<u64>,
+    ) {
+        let refusal = match self.session(id) {
+            Err(error) => Some(error),
+            Ok(session) if session.lifecycle == Lifecycle::Closed => Some(api(
+                ErrorCode::SessionClosed,
+                format!("session {id} is closed"),
+            )),
+            Ok(_) if event_type.is_empty() || event_type.parse::<RecordKind>().is_ok() => {
+                Some(api(
+                    ErrorCode::InvalidRequest,
+                    format!("type: {event_type:?} is empty or the type of Brain's own records"),
+                ))
+            }
+            Ok(_) => None,
+        };
+        if let Some(error) = refusal {
+            let _ = reply.send(Err(error));
+            return;
+        }
+        let record = NewRecord {
+            kind: RecordKind::EventEmitted,
+            data: json!({"type": event_type, "data": data}),
+            origin: Some(EventOrigin {
+                kind: OriginKind::Client,
+                sequence: 0,
+            }),
+        };
+        match self.journal.append(id, record) {
+            Ok(sequence) => {
+                self.when_durable(id, sequence, DurableToken::ClientEvent { sequence, reply })
+            }
+            Err(error) => {
+                let _ = reply.send(Err(journal_error(error)));
+            }
         }
     }
 

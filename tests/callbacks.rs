@@ -1,0 +1,333 @@
+//! Each `brain/call` method through a real harness, tools through an embedder's environment
+//! driver, client events through event-only activations, and admission limits.
+
+mod common;
+
+use brain::cancel::CancelToken;
+use brain::effects::{EffectError, Effects, EnvironmentDriver, ToolCall};
+use brain::protocol::harness::{Block, ToolOutcome, ToolResult, UserInput};
+use brain::{Activation, Brain, Config, Options, Outcome, OutcomeKind, Registrations, Session};
+use common::*;
+use serde_json::{Value, json};
+use std::sync::Arc;
+use std::time::Duration;
+
+fn text(text: &str) -> UserInput {
+    UserInput {
+        content: vec![Block::text(text)],
+    }
+}
+
+fn wait(activation: &Activation) -> Outcome {
+    activation.wait_timeout(WAIT).expect("the activation ended")
+}
+
+fn create(brain: &Brain, body: Value) -> Session {
+    brain
+        .create_session_json(body.to_string().as_bytes())
+        .unwrap_or_else(|error| panic!("create: {error}"))
+}
+
+fn options(tag: &str) -> Options {
+    let mut options = fast_options(tag);
+    options.cancel_grace = Duration::from_millis(300);
+    options
+}
+
+/// Runs the fault harness's `calls` mode with these callbacks and returns its answers.
+fn answers(brain: &Brain, calls: Value) -> (Session, Vec<Value>) {
+    let session = create(
+        brain,
+        json!({"agentloop": {"name": "h", "configuration": {"fault": "calls", "calls": calls}}}),
+    );
+    let outcome = wait(&session.send(text("go")).unwrap());
+    assert_eq!(outcome.outcome, OutcomeKind::Completed, "{outcome:?}");
+    let answers = outcome.result.unwrap()["answers"]
+        .as_array()
+        .cloned()
+        .unwrap();
+    (session, answers)
+}
+
+fn kinds(session: &Session) -> Vec<String> {
+    session
+        .events(0, 10_000)
+        .unwrap()
+        .into_iter()
+        .map(|e| e.event_type)
+        .collect()
+}
+
+#[test]
+fn kv_methods_store_read_and_delete_including_null() {
+    let brain = start(vec![fault("h", &[])], options("kv"));
+    let (session, answers) = answers(
+        &brain,
+        json!([
+            {"method": "kv.put", "input": {"key": "plan", "value": {"step": 2}}},
+            {"method": "kv.get", "input": {"key": "plan"}},
+            {"method": "kv.get", "input": {"key": "absent"}},
+            {"method": "kv.put", "input": {"key": "nothing", "value": null}},
+            {"method": "kv.get", "input": {"key": "nothing"}},
+            {"method": "kv.delete", "input": {"key": "plan"}},
+            {"method": "kv.delete", "input": {"key": "never-there"}},
+            {"method": "kv.get", "input": {"key": "plan"}},
+            {"method": "kv.get", "input": {"key": "brain.harness.activation"}},
+        ]),
+    );
+    assert!(answers[0]["sequence"].is_u64());
+    assert_eq!(answers[1], json!({"found": true, "value": {"step": 2}}));
+    assert_eq!(answers[2], json!({"found": false}));
+    assert_eq!(answers[4], json!({"found": true, "value": null}));
+    assert!(
+        answers[6]["sequence"].is_u64(),
+        "a kv_delete is written even for an absent key"
+    );
+    assert_eq!(answers[7], json!({"found": false}));
+    // Reserved keys are readable: the marker of the running activation.
+    assert_eq!(answers[8]["found"], true);
+    assert!(answers[8]["value"]["sequence"].is_u64());
+    let kinds = kinds(&session);
+    assert_eq!(kinds.iter().filter(|k| *k == "kv_set").count(), 2);
+    assert_eq!(kinds.iter().filter(|k| *k == "kv_delete").count(), 2);
+}
+
+#[test]
+fn refusals_carry_code_and_fatal_and_write_nothing() {
+    let brain = start(vec![fault("h", &[])], options("refusals"));
+    for (call, code) in [
+        (
+            json!({"method": "kv.put", "input": {"key": "brain.x", "value": 1}}),
+            "reserved_key",
+        ),
+        (
+            json!({"method": "kv.delete", "input": {"key": "brain.events_cursor"}}),
+            "reserved_key",
+        ),
+        (
+            json!({"method": "emit", "input": {"type": "kv_set", "data": {}}}),
+            "invalid_input",
+        ),
+        (
+            json!({"method": "kv.get", "input": {"nokey": 1}}),
+            "invalid_input",
+        ),
+        (
+            json!({"method": "frobnicate", "input": {}}),
+            "unknown_method",
+        ),
+        (
+            json!({"method": "tool", "input": {"name": "undeclared", "input": {}}}),
+            "invalid_input",
+        ),
+    ] {
+        let (session, answers) = answers(&brain, json!([call]));
+        assert_eq!(answers[0]["error"]["code"], code, "{call}");
+        assert_eq!(answers[0]["error"]["fatal"], false, "{call}");
+        let kinds = kinds(&session);
+        assert_eq!(
+            kinds,
+            [
+                "session_created",
+                "activation_queued",
+                "activation_started",
+                "activation_finished"
+            ],
+            "{call}"
+        );
+    }
+}
+
+#[test]
+fn transcript_set_is_stored_as_a_delta_and_emit_and_events_read_work() {
+    let brain = start(vec![fault("h", &[])], options("transcript"));
+    let first = json!({"role": "user", "content": [{"type": "text", "text": "a"}]});
+    let second = json!({"role": "assistant", "content": [{"type": "text", "text": "b"}]});
+    let (session, answers) = answers(
+        &brain,
+        json!([
+            {"method": "transcript.set", "input": {"messages": [first]}},
+            {"method": "transcript.set", "input": {"messages": [first, second]}},
+            {"method": "emit", "input": {"type": "progress", "data": {"pct": 50}}},
+            {"method": "telemetry", "input": {"tokens": 12}},
+            {"method": "events.read", "input": {"after": 0, "limit": 3}},
+        ]),
+    );
+    assert_eq!(answers[3], json!({}));
+    let page = &answers[4];
+    assert_eq!(page["events"].as_array().unwrap().len(), 3);
+    assert_eq!(page["next_after"], 3);
+    let events = session.events(0, 100).unwrap();
+    let deltas: Vec<&Value> = events
+        .iter()
+        .filter(|e| e.event_type == "transcript_delta")
+        .map(|e| &e.data)
+        .collect();
+    assert_eq!(deltas[0], &json!({"keep": 0, "append": [first]}));
+    assert_eq!(deltas[1], &json!({"keep": 1, "append": [second]}));
+    let emitted = events
+        .iter()
+        .find(|e| e.event_type == "event_emitted")
+        .unwrap();
+    assert_eq!(
+        emitted.data,
+        json!({"type": "progress", "data": {"pct": 50}})
+    );
+    assert_eq!(emitted.sequence, answers[2]["sequence"]);
+    // The origin names the activation that emitted it.
+    let origin = emitted.origin.as_ref().unwrap();
+    assert_eq!(origin.kind, brain::protocol::harness::OriginKind::Agentloop);
+    assert_eq!(origin.sequence, 2);
+    // Telemetry is never journaled.
+    assert!(!events.iter().any(|e| e.data.get("tokens").is_some()));
+}
+
+#[test]
+fn client_events_reach_the_next_activation_once() {
+    let brain = start(vec![fault("h", &[])], options("client-events"));
+    let session = create(&brain, json!({"agentloop": {"name": "h"}}));
+    session.append_event("ticket", json!({"id": 1})).unwrap();
+    session.append_event("ticket", json!({"id": 2})).unwrap();
+    let refused = session
+        .append_event("activation_started", json!({}))
+        .unwrap_err();
+    assert_eq!(refused.code.as_str(), "invalid_request");
+    let outcome = wait(&session.deliver_events().unwrap());
+    let input = &outcome.result.unwrap()["echo"]["input"];
+    assert!(
+        input.get("input").is_none(),
+        "an event-only activation has no user input"
+    );
+    let events = input["events"].as_array().unwrap();
+    assert_eq!(events.len(), 2);
+    assert_eq!(events[0]["type"], "ticket");
+    assert_eq!(events[1]["data"], json!({"id": 2}));
+    assert_eq!(events[0]["origin"]["kind"], "client");
+    // Delivered events advance the cursor: the next activation sees only newer ones.
+    session.append_event("ticket", json!({"id": 3})).unwrap();
+    let outcome = wait(&session.send(text("next")).unwrap());
+    let events = outcome.result.unwrap()["echo"]["input"]["events"].clone();
+    assert_eq!(events.as_array().unwrap().len(), 1);
+    assert_eq!(events[0]["data"], json!({"id": 3}));
+}
+
+/// An environment driver of the embedder's: adds two numbers.
+struct Calculator;
+
+impl EnvironmentDriver for Calculator {
+    fn call_tool(
+        &self,
+        call: &ToolCall<'_>,
+        _cancel: &CancelToken,
+    ) -> Result<ToolResult, EffectError> {
+        let sum = call.input["a"].as_i64().unwrap_or(0) + call.input["b"].as_i64().unwrap_or(0);
+        Ok(ToolResult {
+            outcome: ToolOutcome::Ok,
+            content: vec![Block::text(sum.to_string())],
+            is_error: false,
+        })
+    }
+}
+
+#[test]
+fn the_reference_harness_runs_a_tool_loop_through_brain() {
+    let registrations =
+        Registrations::from_vec(vec![brain::Registration::new("ref", REFERENCE_HARNESS)]).unwrap();
+    let mut config = Config::new(registrations);
+    config.options = options("tool-loop");
+    config.effects = Effects::default().with_driver("calc", Arc::new(Calculator));
+    let brain = Brain::start(config).unwrap();
+    let script = json!([
+        {"message": {"role": "assistant", "content": [
+            {"type": "tool_use", "id": "t1", "name": "add", "input": {"a": 2, "b": 3}}]},
+         "stop_reason": "tool_use"},
+        {"message": {"role": "assistant", "content": [{"type": "text", "text": "it is 5"}]},
+         "stop_reason": "end_turn", "usage": {"output_tokens": 4}}
+    ]);
+    let session = create(
+        &brain,
+        json!({
+            "agentloop": {"name": "ref"},
+            "model": {"provider": "scripted", "name": "s", "options": {"script": script}},
+            "system": "You add.",
+            "tools": [{"name": "add", "description": "adds", "input_schema": {"type": "object"},
+                       "placements": ["math"]}],
+            "environments": [{"name": "math", "driver": "calc"}]
+        }),
+    );
+    let outcome = wait(&session.send(text("2+3?")).unwrap());
+    assert_eq!(outcome.outcome, OutcomeKind::Completed, "{outcome:?}");
+    let result = outcome.result.unwrap();
+    assert_eq!(result["text"], "it is 5");
+    assert_eq!(result["rounds"], 2);
+    let events = session.events(0, 100).unwrap();
+    let kinds: Vec<&str> = events.iter().map(|e| e.event_type.as_str()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "session_created",
+            "activation_queued",
+            "activation_started",
+            "model_call_started",
+            "model_call_finished",
+            "tool_call_started",
+            "tool_call_finished",
+            "model_call_started",
+            "model_call_finished",
+            "transcript_delta",
+            "activation_finished"
+        ]
+    );
+    // The model saw the session's system prompt and tools; usage counters stay absent unless
+    // the provider reported them.
+    let first_call = &events[3].data["request"];
+    assert_eq!(first_call["system"], "You add.");
+    assert_eq!(first_call["tools"][0]["name"], "add");
+    assert_eq!(events[4].data["result"]["usage"], json!({}));
+    assert_eq!(
+        events[8].data["result"]["usage"],
+        json!({"output_tokens": 4})
+    );
+    let tool = &events[6].data;
+    assert_eq!(tool["started"], events[5].sequence);
+    assert_eq!(tool["result"]["content"][0]["text"], "5");
+    let transcript = &events[9].data["append"];
+    assert_eq!(transcript.as_array().unwrap().len(), 4);
+    // The harness kept its native state in the session's state directory.
+    let state_dir = session.info().unwrap().state_dir;
+    assert!(state_dir.join("reference-state.json").is_file());
+}
+
+#[test]
+fn a_full_queue_refuses_overloaded_and_an_oversized_run_fails_before_its_marker() {
+    let mut options = options("limits");
+    options.queue_bound = 1;
+    options.max_line_bytes = 64 * 1024;
+    let brain = start(vec![fault("h", &[]).max_concurrency(1)], options);
+    let busy = create(
+        &brain,
+        json!({"agentloop": {"name": "h", "configuration": {"fault": "hang"}}}),
+    );
+    let waiting = create(&brain, json!({"agentloop": {"name": "h"}}));
+    let refused = create(&brain, json!({"agentloop": {"name": "h"}}));
+    let running = busy.send(text("x")).unwrap();
+    busy.wait_for_events(WAIT, |events| {
+        events.iter().any(|e| e.event_type == "activation_started")
+    })
+    .unwrap();
+    let queued = waiting.send(text("y")).unwrap();
+    let error = refused.send(text("z")).unwrap_err();
+    assert_eq!(error.code.as_str(), "overloaded");
+    busy.cancel().unwrap();
+    wait(&running);
+    assert_eq!(wait(&queued).outcome, OutcomeKind::Completed);
+    // A run line over the line limit fails input_too_large without a marker.
+    let huge = "x".repeat(100 * 1024);
+    let outcome = wait(&refused.send(text(&huge)).unwrap());
+    assert_eq!(outcome.outcome, OutcomeKind::Failed);
+    assert_eq!(outcome.error.unwrap().code, "input_too_large");
+    let info = refused.info().unwrap();
+    assert_eq!(info.marker, None);
+    assert_eq!(info.status, brain::SessionStatus::Open);
+    assert!(!kinds(&refused).contains(&"activation_started".to_owned()));
+}
