@@ -136,6 +136,9 @@ fn check_type(tag: &str, value: &Value, coverage: &mut Coverage) -> Result<Value
         "Registrations" => brain::Registrations::parse(&value.to_string(), "docs/PROTOCOL.md")
             .map(|_| value.clone())
             .map_err(|e| e.to_string()),
+        "CreateSession" => brain::session::CreateSession::parse(value.to_string().as_bytes())
+            .map(|_| value.clone())
+            .map_err(|e| e.to_string()),
         "InitializeParams" => reserialize::<InitializeParams>(value),
         "InitializeResult" => reserialize::<InitializeResult>(value),
         "RunParams" => reserialize::<RunParams>(value),
