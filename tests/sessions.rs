@@ -661,3 +661,35 @@ fn shutdown_cancels_queued_and_running_activations_and_refuses_new_work() {
     let refused = brain.create_session(request("s", json!({}))).unwrap_err();
     assert_eq!(refused.code.as_str(), "shutting_down");
 }
+
+#[test]
+fn passivate_close_and_delete_tell_the_harness_to_release_memory() {
+    let brain = start(vec![fault("mem", &[])], options("close-requests"));
+    let passivated = create(&brain, "mem", json!({}));
+    let closed = create(&brain, "mem", json!({}));
+    let interrupted = create(&brain, "mem", json!({"fault": "fail"}));
+    let observer = create(&brain, "mem", json!({}));
+    for session in [&passivated, &closed] {
+        wait(&session.send(text("x")).unwrap());
+    }
+    wait(&interrupted.send(text("x")).unwrap());
+    assert_eq!(
+        interrupted.info().unwrap().status,
+        SessionStatus::Interrupted
+    );
+    passivated.passivate().unwrap();
+    closed.close().unwrap();
+    interrupted.delete().unwrap();
+    // A closed session that was passivated first is not sent a second close.
+    passivated.close().unwrap();
+    let outcome = wait(&observer.send(text("who closed?")).unwrap());
+    let reported = outcome.result.unwrap()["closed"].clone();
+    assert_eq!(
+        reported,
+        json!([
+            {"session_id": passivated.id(), "reason": "passivated"},
+            {"session_id": closed.id(), "reason": "closed"},
+            {"session_id": interrupted.id(), "reason": "deleted"},
+        ])
+    );
+}

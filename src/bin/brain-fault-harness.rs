@@ -11,7 +11,8 @@
 //! (`params.input.configuration.fault`, a string), so one worker serves well-behaved and faulty
 //! sessions at once. Other configuration keys the modes read are named with them:
 //!
-//! - absent or `"echo"`: answer `{"result":{"echo": <params>}}`.
+//! - absent or `"echo"`: answer `{"result":{"echo": <params>, "closed": [<every close so far,
+//!   as {"session_id","reason"}>]}}`.
 //! - `"hang"`: answer nothing until the activation is cancelled, then answer error `cancelled`.
 //! - `"ignore_cancel"`: never answer, whatever happens (Brain must kill the worker after the cancel
 //!   grace); the worker then outlives the end of its stdin.
@@ -295,6 +296,7 @@ fn serve_faults(options: Options) -> ExitCode {
         options,
         connection: connection.clone(),
         raw_ids: AtomicU64::new(1),
+        closed: parking_lot::Mutex::new(Vec::new()),
     };
     serve_connection(&connection, &fault);
     drop(fault);
@@ -361,6 +363,8 @@ struct Fault {
     connection: Connection,
     /// Numbers the ids of raw `brain/call` lines.
     raw_ids: AtomicU64,
+    /// Every `close` received, as `{"session_id","reason"}`, reported by `echo`.
+    closed: parking_lot::Mutex<Vec<Value>>,
 }
 
 impl Handler for Fault {
@@ -448,7 +452,10 @@ impl Handler for Fault {
             }
         };
         match mode {
-            "echo" => Ok(Some(json!({ "echo": activation.params() }))),
+            "echo" => Ok(Some(json!({
+                "echo": activation.params(),
+                "closed": *self.closed.lock(),
+            }))),
             "hang" => {
                 activation.cancel_token().wait();
                 Err(HandlerError::cancelled())
@@ -516,6 +523,12 @@ impl Handler for Fault {
                 "unknown fault mode: {other}"
             ))),
         }
+    }
+
+    fn close(&self, session_id: &str, reason: &str) {
+        self.closed
+            .lock()
+            .push(json!({"session_id": session_id, "reason": reason}));
     }
 
     fn shutdown(&self) {
