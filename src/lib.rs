@@ -16,6 +16,7 @@ mod callbacks;
 pub mod cancel;
 mod capacity;
 pub mod config;
+pub mod datadir;
 mod dispatch;
 pub mod effects;
 pub mod harness;

@@ -1,0 +1,337 @@
+//! The data directory: its format version, its lock, and the harness identities bound to it.
+//!
+//! ```text
+//! <data>/FORMAT                                   the format version
+//! <data>/brain.lock                               held (flock) for the life of the process
+//! <data>/journal/                                 the journal's segments
+//! <data>/agentloops/<registration>/harness.json   identity name + state version
+//! <data>/agentloops/<registration>/<session_id>/  native state (harness-owned)
+//! ```
+
+use crate::protocol::harness::InitializeResult;
+use nix::fcntl::{Flock, FlockArg};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+/// The data-directory format this Brain reads and writes.
+pub const FORMAT: &str = "brain-data 1";
+
+/// Why the data directory cannot be used.
+#[derive(Debug)]
+pub enum DataDirError {
+    /// Another process holds `brain.lock`.
+    Locked(PathBuf),
+    /// The directory was written by another format version (or is not a Brain data directory).
+    WrongFormat {
+        /// The data directory.
+        path: PathBuf,
+        /// What its `FORMAT` says (or why there is none).
+        found: String,
+    },
+    /// A harness's identity or state version differs from the one bound to the directory.
+    IdentityMismatch {
+        /// The registration.
+        registration: String,
+        /// The identity bound to the directory.
+        bound: String,
+        /// The identity its workers declare.
+        found: String,
+    },
+    /// An operating-system error, with what Brain was doing.
+    Io(String, io::Error),
+}
+
+impl DataDirError {
+    /// Whether the operator's configuration is at fault (exit 78) rather than the system.
+    pub fn is_configuration(&self) -> bool {
+        !matches!(self, DataDirError::Io(..))
+    }
+}
+
+impl fmt::Display for DataDirError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DataDirError::Locked(path) => write!(
+                f,
+                "the data directory {} is in use by another Brain (its brain.lock is held)",
+                path.display()
+            ),
+            DataDirError::WrongFormat { path, found } => write!(
+                f,
+                "{} holds data of format {found:?}, not {FORMAT:?}: start with a new data directory",
+                path.display()
+            ),
+            DataDirError::IdentityMismatch {
+                registration,
+                bound,
+                found,
+            } => write!(
+                f,
+                "registration {registration:?}: the data directory is bound to harness {bound}, \
+                 but the workers declare {found}: a new state version needs a new data directory \
+                 or an explicit migration"
+            ),
+            DataDirError::Io(what, error) => write!(f, "{what}: {error}"),
+        }
+    }
+}
+
+impl std::error::Error for DataDirError {}
+
+fn io(what: impl Into<String>) -> impl FnOnce(io::Error) -> DataDirError {
+    let what = what.into();
+    move |error| DataDirError::Io(what, error)
+}
+
+/// The identity a registration's harness is bound to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Binding {
+    identity: String,
+    state_version: String,
+}
+
+impl fmt::Display for Binding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{:?} state version {:?}",
+            self.identity, self.state_version
+        )
+    }
+}
+
+/// An open, locked data directory. The lock is released when this is dropped.
+#[derive(Debug)]
+pub struct DataDir {
+    root: PathBuf,
+    _lock: Flock<File>,
+}
+
+impl DataDir {
+    /// Opens (creating, mode 0700) and locks the data directory, and checks its format. Refuses a
+    /// directory locked by another process, of another format, or non-empty without a `FORMAT`.
+    pub fn open(root: &Path) -> Result<DataDir, DataDirError> {
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(root)
+            .map_err(io(format!("creating {}", root.display())))?;
+        let lock_path = root.join("brain.lock");
+        let lock_file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o600)
+            .open(&lock_path)
+            .map_err(io(format!("opening {}", lock_path.display())))?;
+        let lock = match Flock::lock(lock_file, FlockArg::LockExclusiveNonblock) {
+            Ok(lock) => lock,
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
+                return Err(DataDirError::Locked(root.to_path_buf()));
+            }
+            Err((_, errno)) => {
+                return Err(DataDirError::Io(
+                    format!("locking {}", lock_path.display()),
+                    io::Error::from(errno),
+                ));
+            }
+        };
+        let format_path = root.join("FORMAT");
+        match fs::read_to_string(&format_path) {
+            Ok(found) if found.trim() == FORMAT => {}
+            Ok(found) => {
+                return Err(DataDirError::WrongFormat {
+                    path: root.to_path_buf(),
+                    found: found.trim().chars().take(64).collect(),
+                });
+            }
+            Err(error) if error.kind() == io::ErrorKind::NotFound => {
+                let foreign = fs::read_dir(root)
+                    .map_err(io(format!("listing {}", root.display())))?
+                    .filter_map(Result::ok)
+                    .any(|entry| entry.file_name() != "brain.lock");
+                if foreign {
+                    return Err(DataDirError::WrongFormat {
+                        path: root.to_path_buf(),
+                        found: "no FORMAT file".to_owned(),
+                    });
+                }
+                write_durably(&format_path, format!("{FORMAT}\n").as_bytes())?;
+            }
+            Err(error) => return Err(io(format!("reading {}", format_path.display()))(error)),
+        }
+        for sub in ["journal", "agentloops"] {
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(root.join(sub))
+                .map_err(io(format!("creating {}", root.join(sub).display())))?;
+        }
+        sync_dir(root)?;
+        Ok(DataDir {
+            root: root.to_path_buf(),
+            _lock: lock,
+        })
+    }
+
+    /// The directory the journal keeps its segments in.
+    pub fn journal_dir(&self) -> PathBuf {
+        self.root.join("journal")
+    }
+
+    /// Binds a registration's harness identity to the directory, or checks it against the bound
+    /// one: the identity name and state version must match; on first use they are written
+    /// atomically and durably.
+    pub fn bind_identity(
+        &self,
+        registration: &str,
+        declared: &InitializeResult,
+    ) -> Result<(), DataDirError> {
+        let dir = self.root.join("agentloops").join(registration);
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)
+            .map_err(io(format!("creating {}", dir.display())))?;
+        let path = dir.join("harness.json");
+        let found = Binding {
+            identity: declared.identity.name.clone(),
+            state_version: declared.state_version.clone(),
+        };
+        match fs::read(&path) {
+            Ok(bytes) => {
+                let bound: Binding = serde_json::from_slice(&bytes).map_err(|error| {
+                    DataDirError::Io(
+                        format!("reading {}", path.display()),
+                        io::Error::new(io::ErrorKind::InvalidData, error),
+                    )
+                })?;
+                if bound != found {
+                    return Err(DataDirError::IdentityMismatch {
+                        registration: registration.to_owned(),
+                        bound: bound.to_string(),
+                        found: found.to_string(),
+                    });
+                }
+                Ok(())
+            }
+            Err(error) if error.kind() == io::ErrorKind::NotFound => {
+                let json = serde_json::to_vec_pretty(&found).map_err(|error| {
+                    DataDirError::Io("encoding harness.json".to_owned(), io::Error::other(error))
+                })?;
+                write_durably(&path, &json)
+            }
+            Err(error) => Err(io(format!("reading {}", path.display()))(error)),
+        }
+    }
+}
+
+/// Writes a file atomically and durably: a temporary file, fsync, rename, directory fsync.
+fn write_durably(path: &Path, contents: &[u8]) -> Result<(), DataDirError> {
+    let temporary = path.with_extension("tmp");
+    let mut file = OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .mode(0o600)
+        .open(&temporary)
+        .map_err(io(format!("creating {}", temporary.display())))?;
+    file.write_all(contents)
+        .and_then(|()| file.sync_all())
+        .map_err(io(format!("writing {}", temporary.display())))?;
+    fs::rename(&temporary, path).map_err(io(format!("renaming to {}", path.display())))?;
+    match path.parent() {
+        Some(parent) => sync_dir(parent),
+        None => Ok(()),
+    }
+}
+
+fn sync_dir(dir: &Path) -> Result<(), DataDirError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io(format!("syncing {}", dir.display())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::harness::{Capabilities, Identity, PROTOCOL};
+    use std::os::unix::fs::PermissionsExt;
+
+    fn temp(tag: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("brain-datadir-{}-{tag}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        dir
+    }
+
+    fn declared(name: &str, version: &str) -> InitializeResult {
+        InitializeResult {
+            protocol: PROTOCOL.to_owned(),
+            identity: Identity {
+                name: name.to_owned(),
+                version: "1.0.0".to_owned(),
+            },
+            state_version: version.to_owned(),
+            capabilities: Capabilities::default(),
+            configuration_keys: None,
+            required_model_metadata: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn creates_a_private_directory_and_locks_it() {
+        let root = temp("lock");
+        let first = DataDir::open(&root).unwrap();
+        let mode = fs::metadata(&root).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700);
+        assert_eq!(
+            fs::read_to_string(root.join("FORMAT")).unwrap().trim(),
+            FORMAT
+        );
+        assert!(matches!(DataDir::open(&root), Err(DataDirError::Locked(_))));
+        drop(first);
+        DataDir::open(&root).unwrap();
+        fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn refuses_another_format_and_foreign_directories() {
+        let root = temp("format");
+        fs::create_dir_all(&root).unwrap();
+        fs::write(root.join("FORMAT"), "brain-data 0\n").unwrap();
+        let error = DataDir::open(&root).unwrap_err();
+        assert!(error.is_configuration());
+        assert!(error.to_string().contains("new data directory"), "{error}");
+        fs::remove_file(root.join("FORMAT")).unwrap();
+        fs::write(root.join("sessions.db"), "old").unwrap();
+        assert!(matches!(
+            DataDir::open(&root),
+            Err(DataDirError::WrongFormat { .. })
+        ));
+        fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn binds_the_identity_on_first_use_and_refuses_a_change() {
+        let root = temp("identity");
+        let dir = DataDir::open(&root).unwrap();
+        dir.bind_identity("pi", &declared("agentloop-pi", "3"))
+            .unwrap();
+        dir.bind_identity("pi", &declared("agentloop-pi", "3"))
+            .unwrap();
+        let error = dir
+            .bind_identity("pi", &declared("agentloop-pi", "4"))
+            .unwrap_err();
+        let message = error.to_string();
+        assert!(
+            message.contains("\"3\"") && message.contains("\"4\""),
+            "{message}"
+        );
+        assert!(error.is_configuration());
+        fs::remove_dir_all(&root).unwrap();
+    }
+}
