@@ -4,12 +4,14 @@ use crate::api::{self, ApiError, Session, SessionInfo};
 use crate::callbacks::Executor;
 use crate::capacity::CapacityQueue;
 use crate::config::{ConfigError, Registrations};
+use crate::datadir::DataDir;
 use crate::dispatch::{Command, Dispatcher, Inputs, Internal};
 use crate::effects::Effects;
 use crate::journal::{Journal, MemoryJournal};
 use crate::options::Options;
 use crate::pool::{Pool, StartupRefusal};
 use crate::protocol::harness::ErrorCode;
+use crate::recovery::recover;
 use crate::session::{CreateSession, SessionId};
 use crate::sessions::QueueEntry;
 use crate::status::{PoolStatus, StatusBoard};
@@ -22,7 +24,18 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-/// What [`Brain::start`] needs: the registrations, the tunables, the journal, and the model
+/// Where Brain keeps its records.
+#[derive(Clone)]
+pub enum Storage {
+    /// In memory: nothing is written to disk and nothing survives the process. For `brain check`,
+    /// tests and benchmarks; harness identities are not bound to any data directory.
+    Ephemeral,
+    /// An embedder's journal. Sessions already in it are recovered at start (interrupted
+    /// activations recorded, unknown effects finished) before anything is served.
+    Journal(Arc<dyn Journal>),
+}
+
+/// What [`Brain::start`] needs: the registrations, the tunables, where records go, and the model
 /// providers and environment drivers.
 #[derive(Clone)]
 pub struct Config {
@@ -30,8 +43,8 @@ pub struct Config {
     pub registrations: Registrations,
     /// Deadlines, limits and the data directory.
     pub options: Options,
-    /// Where records go. `None` is an in-memory journal: nothing survives the process.
-    pub journal: Option<Arc<dyn Journal>>,
+    /// Where records go.
+    pub storage: Storage,
     /// Model providers and environment drivers by name (`scripted` is always there).
     pub effects: Effects,
 }
@@ -42,7 +55,7 @@ impl Config {
         Config {
             registrations,
             options: Options::default(),
-            journal: None,
+            storage: Storage::Ephemeral,
             effects: Effects::default(),
         }
     }
@@ -53,7 +66,13 @@ impl fmt::Debug for Config {
         f.debug_struct("Config")
             .field("registrations", &self.registrations)
             .field("options", &self.options)
-            .field("journal", &self.journal.as_ref().map(|_| "custom"))
+            .field(
+                "storage",
+                &match self.storage {
+                    Storage::Ephemeral => "ephemeral",
+                    Storage::Journal(_) => "journal",
+                },
+            )
             .finish()
     }
 }
@@ -89,7 +108,8 @@ impl StartError {
             StartErrorKind::Config(error) => error.registration(),
             StartErrorKind::Refused(
                 StartupRefusal::Disagreement { registration, .. }
-                | StartupRefusal::UndeclaredKey { registration, .. },
+                | StartupRefusal::UndeclaredKey { registration, .. }
+                | StartupRefusal::Binding { registration, .. },
             ) => Some(registration),
             StartErrorKind::Io(..) | StartErrorKind::Aborted => None,
         }
@@ -107,6 +127,7 @@ impl fmt::Display for StartError {
                 f,
                 "registration {registration:?}: workers disagree on their declarations: {detail}"
             ),
+            StartErrorKind::Refused(StartupRefusal::Binding { detail, .. }) => f.write_str(detail),
             StartErrorKind::Refused(StartupRefusal::UndeclaredKey { registration, key }) => write!(
                 f,
                 "registration {registration:?}: field \"configuration\": key {key:?} is not among the harness's configuration_keys"
@@ -153,6 +174,15 @@ pub struct Brain {
     journal: Arc<WatchedJournal>,
 }
 
+fn registration_list(
+    resolved: &[(crate::config::Registration, std::path::PathBuf)],
+) -> Vec<crate::config::Registration> {
+    resolved
+        .iter()
+        .map(|(registration, _)| registration.clone())
+        .collect()
+}
+
 /// Starts the feeder of one slot: it moves activations from the slot's capacity queue to the
 /// dispatcher as capacity frees, and ends when the queue is stopped.
 fn start_feeder(
@@ -197,10 +227,28 @@ impl Brain {
         }
         let mut options = config.options;
         options.data_dir = cwd.join(&options.data_dir);
-        let journal = Arc::new(WatchedJournal::new(match config.journal {
-            Some(journal) => journal,
-            None => Arc::new(MemoryJournal::new()),
-        }));
+        let (journal, datadir): (Arc<dyn Journal>, Option<Arc<DataDir>>) = match config.storage {
+            Storage::Ephemeral => (Arc::new(MemoryJournal::new()), None),
+            Storage::Journal(journal) => (journal, None),
+        };
+        let recovered = recover(&*journal, &registration_list(&resolved), &options.data_dir)
+            .map_err(|error| StartError {
+                kind: StartErrorKind::Io(
+                    "recovering sessions from the journal".to_owned(),
+                    std::io::Error::other(error.to_string()),
+                ),
+            })?;
+        if !recovered.sessions.is_empty() {
+            log::info!(
+                "recovered {} sessions: {} activations interrupted, {} queued ones cancelled, {} effects finished unknown, {} unreadable",
+                recovered.sessions.len(),
+                recovered.interrupted_activations,
+                recovered.cancelled_activations,
+                recovered.unknown_effects,
+                recovered.unreadable.len()
+            );
+        }
+        let journal = Arc::new(WatchedJournal::new(journal));
 
         let (deadline_tx, deadlines) = crossbeam_channel::unbounded();
         let timer = Timer::start(deadline_tx).map_err(io_error("starting the timer thread"))?;
@@ -243,10 +291,11 @@ impl Brain {
             events_tx,
             timer.clone(),
             board.clone(),
+            datadir,
         );
         let dispatcher = Dispatcher {
             pool,
-            sessions: HashMap::new(),
+            sessions: recovered.sessions.into_iter().collect(),
             journal: journal.clone(),
             effects: config.effects,
             queues,

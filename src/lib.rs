@@ -24,6 +24,7 @@ pub mod journal;
 mod options;
 mod pool;
 pub mod protocol;
+mod recovery;
 pub mod session;
 mod sessions;
 pub mod status;
@@ -35,7 +36,7 @@ pub use api::{
     Activation, ActivationError, ApiError, Cancelled, Canceller, Outcome, OutcomeKind, Session,
     SessionInfo, SessionStatus,
 };
-pub use brain::{Brain, Config, StartError};
+pub use brain::{Brain, Config, StartError, Storage};
 pub use config::{ConfigError, Registration, Registrations};
 pub use options::Options;
 pub use status::{PoolStatus, WorkerState};

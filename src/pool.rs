@@ -12,6 +12,7 @@
 //! without counting anything against them.
 
 use crate::config::Registration;
+use crate::datadir::DataDir;
 use crate::options::Options;
 use crate::protocol::harness::{
     self, BrainInfo, InitializeParams, InitializeResult, PROTOCOL, ShutdownParams,
@@ -159,6 +160,12 @@ pub(crate) enum StartupRefusal {
     },
     /// The deployment configuration has a key the harness does not declare.
     UndeclaredKey { registration: String, key: String },
+    /// The workers' identity differs from the one bound to the data directory (or binding it
+    /// failed).
+    Binding {
+        registration: String,
+        detail: String,
+    },
 }
 
 pub(crate) struct Pool {
@@ -172,6 +179,8 @@ pub(crate) struct Pool {
     started: bool,
     jitter: Jitter,
     happenings: Vec<Happening>,
+    /// The data directory identities are bound to; `None` when nothing is written (ephemeral).
+    datadir: Option<Arc<DataDir>>,
 }
 
 impl Pool {
@@ -181,6 +190,7 @@ impl Pool {
         events: Sender<(WorkerKey, WorkerEvent)>,
         timer: Timer<Deadline>,
         board: Arc<StatusBoard>,
+        datadir: Option<Arc<DataDir>>,
     ) -> Pool {
         let registrations = registrations
             .into_iter()
@@ -217,6 +227,7 @@ impl Pool {
             started: false,
             jitter: Jitter::seeded(),
             happenings: Vec::new(),
+            datadir,
         }
     }
 
@@ -260,6 +271,14 @@ impl Pool {
                 }
             }
             check_configuration_keys(&reg.registration, first)?;
+            if let Some(datadir) = &self.datadir {
+                datadir
+                    .bind_identity(&reg.registration.name, first)
+                    .map_err(|error| StartupRefusal::Binding {
+                        registration: reg.registration.name.clone(),
+                        detail: error.to_string(),
+                    })?;
+            }
             reg.agreed = Some(first.clone());
         }
         Ok(())
@@ -752,11 +771,17 @@ impl Pool {
                 StartupRefusal::UndeclaredKey { key, .. } => {
                     format!("deployment configuration key {key:?} is not declared")
                 }
-                StartupRefusal::Disagreement { detail, .. } => detail,
+                StartupRefusal::Disagreement { detail, .. }
+                | StartupRefusal::Binding { detail, .. } => detail,
             };
             return self.fail(key, FailureReason::IdentityMismatch(reason));
         }
         if set_agreement {
+            if let Some(datadir) = &self.datadir
+                && let Err(error) = datadir.bind_identity(&reg.registration.name, &result)
+            {
+                return self.fail(key, FailureReason::IdentityMismatch(error.to_string()));
+            }
             reg.agreed = Some(result.clone());
         }
         let Some(slot) = reg.slots.get_mut(key.slot as usize) else {

@@ -76,6 +76,8 @@ pub(crate) enum DurableToken {
 /// The immutable part of a session, fixed at creation.
 #[derive(Debug)]
 pub(crate) struct SessionSpec {
+    /// The registration's name (kept even if a restart dropped the registration).
+    pub(crate) registration: String,
     pub(crate) request: CreateSession,
     pub(crate) model: ModelMetadata,
     /// Deployment configuration merged with the session's.
@@ -277,7 +279,7 @@ impl Dispatcher {
         Ok(SessionInfo {
             session_id: id.clone(),
             status: session.status(),
-            registration: self.pool.registration(session.registration).name.clone(),
+            registration: session.spec.registration.clone(),
             worker: session.slot,
             active: session.active.as_ref().map(|a| a.sequence),
             marker: session.marker,
@@ -290,12 +292,14 @@ impl Dispatcher {
         self.sessions.values().all(|s| s.active.is_none())
     }
 
+    /// The capacity queue of a slot; `None` for a session whose registration or slot no longer
+    /// exists (after a restart with other registrations).
     fn queue(
         &self,
         registration: usize,
         slot: u32,
-    ) -> &Arc<crate::capacity::CapacityQueue<QueueEntry>> {
-        &self.queues[registration][slot as usize]
+    ) -> Option<Arc<crate::capacity::CapacityQueue<QueueEntry>>> {
+        self.queues.get(registration)?.get(slot as usize).cloned()
     }
 
     /// Appends a record and asks for `token` once it is durable.
@@ -446,6 +450,7 @@ impl Dispatcher {
             .map(|e| (e.name.clone(), first))
             .collect();
         let spec = SessionSpec {
+            registration: name.clone(),
             model,
             configuration,
             state_dir,
@@ -555,30 +560,39 @@ impl Dispatcher {
             ));
         }
         let (registration, slot) = (session.registration, session.slot);
-        if matches!(
-            self.pool.slot_state(registration, slot),
-            Some(WorkerState::Quarantined) | None
-        ) {
-            return Err(api(
-                ErrorCode::AgentloopUnavailable,
-                format!(
-                    "the worker of session {id} ({}/{slot}) is quarantined",
-                    self.pool.registration(registration).name
-                ),
-            ));
+        let worker = format!("{}/{slot}", session.spec.registration);
+        match self.pool.slot_state(registration, slot) {
+            Some(WorkerState::Quarantined) => {
+                return Err(api(
+                    ErrorCode::AgentloopUnavailable,
+                    format!("the worker of session {id} ({worker}) is quarantined"),
+                ));
+            }
+            None => {
+                return Err(api(
+                    ErrorCode::AgentloopUnavailable,
+                    format!("the worker of session {id} ({worker}) is not configured any more"),
+                ));
+            }
+            Some(_) => {}
         }
         if let (Some(input), Some(declared)) = (&input, self.pool.agreed(registration)) {
             check_input_media(&input.content, declared)
                 .map_err(|error| api(error.code, error.message))?;
         }
-        let queue = self.queue(registration, slot).clone();
+        let unavailable = || {
+            api(
+                ErrorCode::AgentloopUnavailable,
+                format!("session {id}'s worker no longer exists"),
+            )
+        };
+        let queue = self.queue(registration, slot).ok_or_else(unavailable)?;
         if queue.waiting() >= self.options.queue_bound {
             return Err(api(
                 ErrorCode::Overloaded,
                 format!(
-                    "{} activations already wait for worker {}/{slot}",
-                    self.options.queue_bound,
-                    self.pool.registration(registration).name
+                    "{} activations already wait for worker {worker}",
+                    self.options.queue_bound
                 ),
             ));
         }
@@ -705,9 +719,13 @@ impl Dispatcher {
     // ----- starting -----
 
     pub(crate) fn on_fed(&mut self, registration: usize, slot: u32, entry: QueueEntry) {
-        let queue = self.queue(registration, slot).clone();
+        let Some(queue) = self.queue(registration, slot) else {
+            return;
+        };
         let QueueEntry { session, sequence } = entry;
         let healthy = self.pool.healthy_key(registration, slot);
+        let quarantined =
+            self.pool.slot_state(registration, slot) == Some(WorkerState::Quarantined);
         let Some(active) = self.active_mut(&session, sequence) else {
             // Ended while the feeder handed it over.
             queue.release();
@@ -723,6 +741,15 @@ impl Dispatcher {
             return;
         }
         let Some(key) = healthy else {
+            if quarantined {
+                // Taken just before the quarantine drained the queue.
+                active.fix(Fixed::failed(
+                    ErrorCode::AgentloopUnavailable.as_str(),
+                    "the session's worker was quarantined",
+                ));
+                self.end(&session, sequence);
+                return;
+            }
             // The worker went down between the take and now: wait for its respawn.
             active.holds_capacity = false;
             queue.release();
@@ -1213,7 +1240,12 @@ impl Dispatcher {
                 ));
             }
         };
-        let queue = self.queue(registration, slot).clone();
+        let Some(queue) = self.queue(registration, slot) else {
+            return Err(api(
+                ErrorCode::ActivationNotActive,
+                "the session's worker no longer exists",
+            ));
+        };
         let cancel_grace = self.options.cancel_grace;
         let Some(active) = self.active_mut(session, sequence) else {
             return Err(api(

@@ -883,7 +883,7 @@ fn fault_harness_default_is_a_correct_echo_harness() {
     harness.request(2, "run", params.clone());
     assert_eq!(
         harness.out.response(json!(2))["result"],
-        json!({"result": {"echo": params}})
+        json!({"result": {"echo": params, "closed": []}})
     );
     for (id, method, params) in [
         (3, "cancel", json!({"session_id": "ses_d", "sequence": 1})),

@@ -1,0 +1,243 @@
+//! Recovery after a restart: sessions rebuilt from their journals, nothing replayed.
+//!
+//! For every session, before Brain serves anything:
+//!
+//! - every `*_started` effect without a finished record gets one: outcome `unknown`, code
+//!   `interrupted` (Brain cannot know whether the effect happened, and never sends it again);
+//! - an activation that was running (its `activation_started` written) gets `activation_finished`
+//!   `failed` / `interrupted`; its marker stays, so the session refuses execution from now on;
+//! - an activation that was only queued gets `activation_finished` `cancelled` / `interrupted`,
+//!   without a marker: the session goes on.
+//!
+//! Every record written here is durable before the dispatcher starts.
+
+use crate::config::Registration;
+use crate::journal::{Journal, JournalError, NewRecord, SessionStatus as Stored, append_durable};
+use crate::protocol::harness::{ErrorCode, ModelMetadata, RecordKind};
+use crate::session::{CreateSession, SessionId};
+use crate::sessions::{Lifecycle, SessionSpec, SessionState};
+use serde_json::{Map, Value, json};
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+/// The registration index of a session whose registration (or slot) no longer exists: its
+/// activations are refused `agentloop_unavailable`; it can be read, closed and deleted.
+pub(crate) const UNAVAILABLE: usize = usize::MAX;
+
+/// What recovery did, for the log.
+#[derive(Default)]
+pub(crate) struct Recovered {
+    pub(crate) sessions: Vec<(SessionId, SessionState)>,
+    pub(crate) interrupted_activations: usize,
+    pub(crate) cancelled_activations: usize,
+    pub(crate) unknown_effects: usize,
+    /// Sessions whose journals could not be read (corruption), with why.
+    pub(crate) unreadable: Vec<(SessionId, String)>,
+}
+
+/// Recovers every session of `journal`. `registrations` are in the pool's order (by name).
+pub(crate) fn recover(
+    journal: &dyn Journal,
+    registrations: &[Registration],
+    data_dir: &Path,
+) -> Result<Recovered, JournalError> {
+    let mut recovered = Recovered::default();
+    for id in journal.sessions()? {
+        match recover_session(journal, &id, registrations, data_dir, &mut recovered) {
+            Ok(state) => recovered.sessions.push((id, state)),
+            Err(error) => {
+                log::error!("session {id}: cannot be recovered: {error}");
+                recovered.unreadable.push((id, error.to_string()));
+            }
+        }
+    }
+    Ok(recovered)
+}
+
+fn finished_kind(started: &str) -> Option<RecordKind> {
+    match started {
+        "model_call_started" => Some(RecordKind::ModelCallFinished),
+        "tool_call_started" => Some(RecordKind::ToolCallFinished),
+        "environment_started" => Some(RecordKind::EnvironmentFinished),
+        _ => None,
+    }
+}
+
+fn recover_session(
+    journal: &dyn Journal,
+    id: &SessionId,
+    registrations: &[Registration],
+    data_dir: &Path,
+    recovered: &mut Recovered,
+) -> Result<SessionState, JournalError> {
+    let view = journal.view(id)?;
+    // Effects first: their finished records precede the activation's.
+    for started in view.unfinished_effects.clone() {
+        let record = journal
+            .read(id, started.saturating_sub(1), 1)?
+            .into_iter()
+            .next()
+            .filter(|r| r.sequence == started);
+        let Some(kind) = record.and_then(|r| finished_kind(&r.event_type)) else {
+            log::warn!("session {id}: unfinished effect {started} has no started record");
+            continue;
+        };
+        append_durable(
+            journal,
+            id,
+            NewRecord {
+                kind,
+                data: json!({"started": started, "outcome": "unknown",
+                             "code": ErrorCode::Interrupted.as_str(),
+                             "message": "Brain stopped before the effect's outcome was recorded"}),
+                origin: None,
+            },
+        )?;
+        recovered.unknown_effects += 1;
+    }
+    if let Some((activation, started)) = unfinished_activation(journal, id)? {
+        let data = if started {
+            recovered.interrupted_activations += 1;
+            json!({"activation": activation, "outcome": "failed",
+                   "code": ErrorCode::Interrupted.as_str(),
+                   "message": "Brain stopped while the activation was running"})
+        } else {
+            recovered.cancelled_activations += 1;
+            json!({"activation": activation, "outcome": "cancelled",
+                   "code": ErrorCode::Interrupted.as_str(),
+                   "message": "Brain stopped while the activation was queued"})
+        };
+        append_durable(
+            journal,
+            id,
+            NewRecord {
+                kind: RecordKind::ActivationFinished,
+                data,
+                origin: None,
+            },
+        )?;
+        log::warn!(
+            "session {id}: activation {activation} {} at recovery",
+            if started { "interrupted" } else { "cancelled" }
+        );
+    }
+    let view = journal.view(id)?;
+    state_from(
+        id,
+        &view.created,
+        view.status,
+        view.marker,
+        registrations,
+        data_dir,
+    )
+    .map_err(|why| JournalError::Failed(format!("session {id}: its session_created record: {why}")))
+}
+
+/// The last `activation_queued` without an `activation_finished`, and whether it had started.
+fn unfinished_activation(
+    journal: &dyn Journal,
+    id: &SessionId,
+) -> Result<Option<(u64, bool)>, JournalError> {
+    let mut open: Option<(u64, bool)> = None;
+    let mut after = 0;
+    loop {
+        let page = journal.read(id, after, 4096)?;
+        let Some(last) = page.last() else {
+            return Ok(open);
+        };
+        after = last.sequence;
+        for record in &page {
+            let activation = record.data.get("activation").and_then(Value::as_u64);
+            match record.event_type.as_str() {
+                "activation_queued" => open = Some((record.sequence, false)),
+                "activation_started" => {
+                    if let (Some((queued, started)), Some(a)) = (&mut open, activation)
+                        && *queued == a
+                    {
+                        *started = true;
+                    }
+                }
+                "activation_finished"
+                    if open.is_some_and(|(queued, _)| Some(queued) == activation) =>
+                {
+                    open = None;
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+/// Rebuilds the dispatcher's state of a session from its `session_created` record.
+pub(crate) fn state_from(
+    id: &SessionId,
+    created: &Value,
+    status: Stored,
+    marker: Option<u64>,
+    registrations: &[Registration],
+    data_dir: &Path,
+) -> Result<SessionState, String> {
+    let field = |name: &str| created.get(name).cloned().unwrap_or(Value::Null);
+    let name = created
+        .get("registration")
+        .and_then(Value::as_str)
+        .ok_or("no registration")?
+        .to_owned();
+    let slot = created
+        .get("worker")
+        .and_then(Value::as_u64)
+        .and_then(|w| u32::try_from(w).ok())
+        .ok_or("no worker")?;
+    let mut request = Map::new();
+    for key in [
+        "agentloop",
+        "model",
+        "system",
+        "tools",
+        "environments",
+        "metadata",
+    ] {
+        let value = field(key);
+        if !value.is_null() {
+            request.insert(key.to_owned(), value);
+        }
+    }
+    let request: CreateSession =
+        serde_json::from_value(Value::Object(request)).map_err(|e| e.to_string())?;
+    let model: ModelMetadata = serde_json::from_value(field("model")).map_err(|e| e.to_string())?;
+    let configuration = match field("configuration") {
+        Value::Object(map) => map,
+        _ => Map::new(),
+    };
+    let registration = registrations
+        .iter()
+        .position(|r| r.name == name && slot < r.workers)
+        .unwrap_or(UNAVAILABLE);
+    let incarnations: HashMap<String, u64> = request
+        .environments
+        .iter()
+        .map(|e| (e.name.clone(), 1))
+        .collect();
+    let spec = SessionSpec {
+        state_dir: data_dir.join("agentloops").join(&name).join(id.as_str()),
+        registration: name,
+        request,
+        model,
+        configuration,
+        incarnations,
+    };
+    Ok(SessionState {
+        registration,
+        slot,
+        spec: Arc::new(spec),
+        lifecycle: match status {
+            Stored::Open => Lifecycle::Open,
+            Stored::Passivated => Lifecycle::Passivated,
+            Stored::Closed => Lifecycle::Closed,
+        },
+        marker,
+        active: None,
+        last_run: None,
+    })
+}
