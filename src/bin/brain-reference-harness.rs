@@ -137,7 +137,7 @@ impl Handler for Reference {
         })?;
 
         Ok(Some(
-            json!({ "text": text_of(&final_message), "rounds": rounds }),
+            json!({ "text": &final_message.text_content(), "rounds": rounds }),
         ))
     }
 }
@@ -173,18 +173,6 @@ fn tool_uses(message: &Message) -> Vec<(&str, &str, &Value)> {
         .iter()
         .filter_map(|block| match block {
             Block::ToolUse { id, name, input } => Some((id.as_str(), name.as_str(), input)),
-            _ => None,
-        })
-        .collect()
-}
-
-/// The text blocks of a message, concatenated.
-fn text_of(message: &Message) -> String {
-    message
-        .content
-        .iter()
-        .filter_map(|block| match block {
-            Block::Text { text } => Some(text.as_str()),
             _ => None,
         })
         .collect()

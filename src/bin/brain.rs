@@ -140,7 +140,15 @@ fn duration(flag: &str, text: &str) -> Result<Duration, String> {
 
 /// The registrations from `--agentloops`, `BRAIN_AGENTLOOPS`, or the embedded default: one
 /// registration `reference` running the reference harness installed beside this executable.
-fn registrations(flag: Option<&str>) -> Result<Registrations, String> {
+/// A refusal is reported and becomes exit code 78.
+fn registrations(flag: Option<&str>) -> Result<Registrations, ExitCode> {
+    embedded_or(flag).map_err(|message| {
+        eprintln!("brain: configuration refused: {message}");
+        ExitCode::from(EXIT_CONFIG)
+    })
+}
+
+fn embedded_or(flag: Option<&str>) -> Result<Registrations, String> {
     if let Some(registrations) =
         Registrations::from_flag_or_env(flag).map_err(|error| error.to_string())?
     {
@@ -157,7 +165,14 @@ fn registrations(flag: Option<&str>) -> Result<Registrations, String> {
 }
 
 /// Starts Brain or reports why not, as an exit code.
-fn start_brain(config: Config) -> Result<Brain, ExitCode> {
+fn start_brain(
+    registrations: Registrations,
+    options: Options,
+    effects: Effects,
+) -> Result<Brain, ExitCode> {
+    let mut config = Config::new(registrations);
+    config.options = options;
+    config.effects = effects;
     match Brain::start(config) {
         Ok(brain) => Ok(brain),
         Err(error) if error.is_configuration() => {
@@ -213,10 +228,7 @@ fn run(args: &[String]) -> ExitCode {
     init_logging("warn");
     let registrations = match registrations(common.agentloops.as_deref()) {
         Ok(registrations) => registrations,
-        Err(message) => {
-            eprintln!("brain: configuration refused: {message}");
-            return ExitCode::from(EXIT_CONFIG);
-        }
+        Err(code) => return code,
     };
     let name = match agentloop {
         Some(name) => name,
@@ -237,10 +249,7 @@ fn run(args: &[String]) -> ExitCode {
         }
     }
     let grace = common.options.cancel_grace;
-    let mut config = Config::new(registrations);
-    config.options = common.options;
-    config.effects = effects;
-    let mut brain = match start_brain(config) {
+    let mut brain = match start_brain(registrations, common.options, effects) {
         Ok(brain) => brain,
         Err(code) => return code,
     };
@@ -339,15 +348,10 @@ fn check(args: &[String]) -> ExitCode {
     init_logging("warn");
     let registrations = match registrations(common.agentloops.as_deref()) {
         Ok(registrations) => registrations,
-        Err(message) => {
-            eprintln!("brain: configuration refused: {message}");
-            return ExitCode::from(EXIT_CONFIG);
-        }
+        Err(code) => return code,
     };
     let grace = common.options.cancel_grace;
-    let mut config = Config::new(registrations);
-    config.options = common.options;
-    let mut brain = match start_brain(config) {
+    let mut brain = match start_brain(registrations, common.options, Effects::default()) {
         Ok(brain) => brain,
         Err(code) => return code,
     };

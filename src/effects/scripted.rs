@@ -2,7 +2,7 @@
 
 use super::{EffectError, ModelCall, ModelProvider};
 use crate::cancel::CancelToken;
-use crate::protocol::harness::{Block, ErrorCode, Message, ModelResult, Role, StopReason, Usage};
+use crate::protocol::harness::{ErrorCode, Message, ModelResult, Role, StopReason, Usage};
 use serde::Deserialize;
 use serde_json::Value;
 use std::path::Path;
@@ -179,16 +179,7 @@ fn echo(call: &ModelCall<'_>) -> ModelResult {
         .iter()
         .rev()
         .find(|message| message.role == Role::User)
-        .map(|message| {
-            message
-                .content
-                .iter()
-                .filter_map(|block| match block {
-                    Block::Text { text } => Some(text.as_str()),
-                    _ => None,
-                })
-                .collect()
-        })
+        .map(Message::text_content)
         .unwrap_or_default();
     ModelResult {
         message: Message::text(Role::Assistant, text),
@@ -213,7 +204,7 @@ fn kind(value: &Value) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::harness::{ModelMetadata, ModelRequest};
+    use crate::protocol::harness::{Block, ModelMetadata, ModelRequest};
     use crate::session::SessionId;
     use serde_json::{Map, json};
 

@@ -341,6 +341,17 @@ impl Message {
             content: vec![Block::text(text)],
         }
     }
+
+    /// The message's text blocks, concatenated without a separator (other blocks are skipped).
+    pub fn text_content(&self) -> String {
+        self.content
+            .iter()
+            .filter_map(|block| match block {
+                Block::Text { text } => Some(text.as_str()),
+                _ => None,
+            })
+            .collect()
+    }
 }
 
 /// One piece of content, tagged by its `type` member.
