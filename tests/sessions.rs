@@ -693,3 +693,43 @@ fn passivate_close_and_delete_tell_the_harness_to_release_memory() {
         ])
     );
 }
+
+#[test]
+fn at_most_64_callbacks_of_an_activation_are_unanswered_at_once() {
+    let registrations =
+        brain::Registrations::from_vec(vec![fault("sat", &[])]).expect("registrations");
+    let mut config = brain::Config::new(registrations);
+    config.options = options("saturate");
+    config.options.respawn_backoff = Duration::from_secs(60);
+    config.effects = Effects::default().with_provider("blocking", Arc::new(UntilCancelled));
+    let brain = Brain::start(config).expect("start");
+    let session = brain
+        .create_session_json(
+            json!({"agentloop": {"name": "sat", "configuration": {"fault": "saturate"}},
+                   "model": {"provider": "blocking", "name": "m"}})
+            .to_string()
+            .as_bytes(),
+        )
+        .unwrap();
+    let activation = session.send(text("x")).unwrap();
+    // The harness exits 7 when its 65th unanswered callback was refused `overloaded`.
+    let outcome = wait(&activation);
+    assert_eq!(error_code(&outcome), "worker_lost");
+    let status = brain.status();
+    let exit = status
+        .worker("sat", 0)
+        .unwrap()
+        .last_failure
+        .clone()
+        .unwrap()
+        .exit;
+    assert_eq!(
+        exit.unwrap().reason,
+        brain::worker::process::ExitReason::Code(7)
+    );
+    // Every admitted model call still got its finished record.
+    let kinds = kinds(&session);
+    let started = kinds.iter().filter(|k| *k == "model_call_started").count();
+    let finished = kinds.iter().filter(|k| *k == "model_call_finished").count();
+    assert_eq!((started, finished), (64, 64));
+}

@@ -33,6 +33,8 @@
 //!   `after_cancel` is `true`); when it fails fatally, ignore that and answer
 //!   `{"result":{"ignored": <the code>}}` (`null` when the call did not fail fatally).
 //! - `"fail"`: answer `run` with an error whose `data.code` is `code` (default `harness_error`).
+//! - `"saturate"`: write `count` (default 64) `model` callbacks without awaiting them, then call
+//!   `kv.get`; exit with status 7 if Brain refused it `overloaded`, 8 otherwise.
 //! - `"complete_on_cancel"`: wait for Brain's `cancel`, then answer with a result anyway.
 //! - `"malformed"`: answer `run` with `{"result":"a bare string"}` (bypassing the SDK), then wait
 //!   for cancellation.
@@ -98,6 +100,10 @@ Per-session faults: each run reads the string params.input.configuration.fault:
 /// Exit status after `callback_after_answer` with `exit_with_answer`, by Brain's answer.
 const LATE_CLOSED_STATUS: i32 = 5;
 const LATE_OTHER_STATUS: i32 = 6;
+
+/// Exit statuses of `saturate`: the extra callback was refused `overloaded`, or not.
+const SATURATED_STATUS: i32 = 7;
+const NOT_SATURATED_STATUS: i32 = 8;
 
 /// Exit status of `--crash-after-ms`.
 const CRASH_STATUS: i32 = 3;
@@ -487,6 +493,7 @@ impl Handler for Fault {
                     .unwrap_or("harness_error"),
                 "failed on purpose (fault fail)",
             )),
+            "saturate" => self.saturate(activation, &configuration),
             "complete_on_cancel" => {
                 activation.cancel_token().wait();
                 Ok(Some(json!({"completed_after_cancel": true})))
@@ -602,6 +609,45 @@ impl Fault {
             .send_raw_line(line)
             .map_err(|error| HandlerError::harness(format!("sending kv.get: {error}")))?;
         Ok(Some(json!({ "ok": true })))
+    }
+
+    /// `saturate`: `count` (default 64) raw `model` callbacks that are never awaited, then a
+    /// `kv.get` through the SDK; exits with status 7 when Brain refused that one `overloaded`, 8
+    /// otherwise (a test observes the exit status, since the activation cannot complete).
+    fn saturate(
+        &self,
+        activation: &Activation,
+        configuration: &Value,
+    ) -> Result<Option<Value>, HandlerError> {
+        let count = configuration
+            .get("count")
+            .and_then(Value::as_u64)
+            .unwrap_or(64);
+        for _ in 0..count {
+            let n = self.raw_ids.fetch_add(1, Ordering::Relaxed);
+            let request = json!({
+                "jsonrpc": "2.0",
+                "id": format!("fault-saturate-{n}"),
+                "method": "brain/call",
+                "params": {
+                    "session_id": activation.session_id(),
+                    "sequence": activation.sequence(),
+                    "method": "model",
+                    "input": {"messages": []},
+                },
+            });
+            let line = serde_json::to_vec(&request)
+                .map_err(|error| HandlerError::harness(format!("encoding: {error}")))?;
+            self.connection
+                .send_raw_line(line)
+                .map_err(|error| HandlerError::harness(format!("sending: {error}")))?;
+        }
+        let status = match activation.call("kv.get", json!({"key": "x"})) {
+            Err(error) if error.code == "overloaded" => SATURATED_STATUS,
+            _ => NOT_SATURATED_STATUS,
+        };
+        eprintln!("brain-fault-harness: saturate: exiting with status {status}");
+        std::process::exit(status);
     }
 
     /// `foreign_callback`: `kv.put` in the name of another activation.
