@@ -15,18 +15,20 @@ use crate::effects::{Effects, EnvironmentSpec, ModelCall, ToolCall};
 use crate::journal::{Journal, JournalError, NewRecord, append_durable};
 use crate::pool::Deadline;
 use crate::protocol::harness::{
-    BrainCallParams, CallbackInput, ErrorCode, EventOrigin, EventsReadResult, KvGetResult,
-    MAX_EVENTS_PAGE, MAX_OUTSTANDING_CALLBACKS, ModelCallResult, ModelRequest, OriginKind,
-    RESERVED_KEY_PREFIX, RecordKind, SequenceResult, ToolCallResult, ToolDefinition, ToolOutcome,
-    ToolResult, call_error, method,
+    BrainCallParams, CallbackInput, EnvironmentInfo, EnvironmentSummary, EnvironmentsCallResult,
+    EnvironmentsListResult, ErrorCode, EventOrigin, EventsReadResult, KvGetResult, MAX_EVENTS_PAGE,
+    MAX_OUTSTANDING_CALLBACKS, ModelCallResult, ModelRequest, OriginKind, RESERVED_KEY_PREFIX,
+    RecordKind, SequenceResult, ToolCallResult, ToolDefinition, ToolOutcome, ToolResult,
+    call_error, method,
 };
 use crate::protocol::jsonrpc::{self, Request, RequestId, RpcError};
-use crate::session::SessionId;
+use crate::session::{Permission, SessionId};
 use crate::sessions::{Fixed, Phase, SessionSpec};
 use crate::worker::WorkerKey;
 use crossbeam_channel::{Receiver, Sender};
 use serde::Serialize;
 use serde_json::{Value, json};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -38,6 +40,8 @@ pub(crate) struct Job {
     id: RequestId,
     call: CallbackInput,
     spec: Arc<SessionSpec>,
+    /// The session's environment incarnations when the callback was admitted.
+    incarnations: HashMap<String, u64>,
     cancel: CancelToken,
 }
 
@@ -48,6 +52,8 @@ pub(crate) struct CallbackDone {
     key: WorkerKey,
     id: RequestId,
     answer: Result<Value, RpcError>,
+    /// A successful `environments.setup`: the environment's new incarnation.
+    incarnation: Option<(String, u64)>,
 }
 
 /// The pool of threads that run callbacks (`brain-callback-N`).
@@ -91,13 +97,15 @@ fn serve(
     internal: &Sender<Internal>,
 ) {
     while let Ok(job) = queue.recv() {
-        let answer = run(&job, journal, effects);
+        let mut incarnation = None;
+        let answer = run(&job, journal, effects, &mut incarnation);
         let done = CallbackDone {
             session: job.session,
             sequence: job.sequence,
             key: job.key,
             id: job.id,
             answer,
+            incarnation,
         };
         if internal.send(Internal::CallbackDone(done)).is_err() {
             return;
@@ -142,8 +150,13 @@ fn reserved(key: &str) -> Result<(), RpcError> {
     Ok(())
 }
 
-/// Runs one callback to its answer.
-fn run(job: &Job, journal: &dyn Journal, effects: &Effects) -> Result<Value, RpcError> {
+/// Runs one callback to its answer. A successful setup reports the new incarnation.
+fn run(
+    job: &Job,
+    journal: &dyn Journal,
+    effects: &Effects,
+    incarnation: &mut Option<(String, u64)>,
+) -> Result<Value, RpcError> {
     match &job.call {
         CallbackInput::KvGet(input) => {
             let value = journal
@@ -224,14 +237,133 @@ fn run(job: &Job, journal: &dyn Journal, effects: &Effects) -> Result<Value, Rpc
             &input.input,
             input.environment.as_deref(),
         ),
-        CallbackInput::EnvironmentsList(_)
-        | CallbackInput::EnvironmentsGet(_)
-        | CallbackInput::EnvironmentsSetup(_)
-        | CallbackInput::EnvironmentsCall(_) => Err(call_error(
-            ErrorCode::UnknownMethod,
-            "environments.* callbacks are not served by this Brain yet",
+        CallbackInput::EnvironmentsList(_) => {
+            let environments = job
+                .spec
+                .request
+                .environments
+                .iter()
+                .filter(|e| granted(job, &e.name, Permission::Read).is_ok())
+                .map(|e| {
+                    let (spec, driver) = environment(job, effects, &e.name)?;
+                    Ok(EnvironmentSummary {
+                        name: e.name.clone(),
+                        sequence: current_incarnation(job, &e.name),
+                        status: driver.status(&spec),
+                    })
+                })
+                .collect::<Result<Vec<_>, RpcError>>()?;
+            to_value(EnvironmentsListResult { environments })
+        }
+        CallbackInput::EnvironmentsGet(input) => {
+            granted(job, &input.name, Permission::Read)?;
+            let (spec, driver) = environment(job, effects, &input.name)?;
+            to_value(EnvironmentInfo {
+                name: input.name.clone(),
+                sequence: current_incarnation(job, &input.name),
+                status: driver.status(&spec),
+                driver: spec.driver.clone(),
+            })
+        }
+        CallbackInput::EnvironmentsSetup(input) => {
+            granted(job, &input.name, Permission::Setup)?;
+            let (spec, driver) = environment(job, effects, &input.name)?;
+            let started = append(
+                journal,
+                job,
+                RecordKind::EnvironmentStarted,
+                json!({"activation": job.sequence, "name": input.name, "operation": "setup",
+                       "incarnation": current_incarnation(job, &input.name)}),
+                None,
+            )?;
+            let outcome = driver.setup(&spec, &job.session, &job.cancel);
+            let (data, answer) = match outcome {
+                Ok(()) => (
+                    json!({"started": started, "name": input.name, "operation": "setup", "outcome": "ok"}),
+                    sequence_answer(started),
+                ),
+                Err(error) => effect_failure(started, error),
+            };
+            append(journal, job, RecordKind::EnvironmentFinished, data, None)?;
+            if answer.is_ok() {
+                *incarnation = Some((input.name.clone(), started));
+            }
+            answer
+        }
+        CallbackInput::EnvironmentsCall(input) => {
+            granted(job, &input.name, Permission::Call)?;
+            let (spec, driver) = environment(job, effects, &input.name)?;
+            let started = append(
+                journal,
+                job,
+                RecordKind::EnvironmentStarted,
+                json!({"activation": job.sequence, "name": input.name, "operation": "call",
+                       "method": input.method, "input": input.input,
+                       "incarnation": current_incarnation(job, &input.name)}),
+                None,
+            )?;
+            let outcome = driver.call(&spec, &input.method, &input.input, &job.cancel);
+            let (data, answer) = match outcome {
+                Ok(result) => (
+                    json!({"started": started, "name": input.name, "operation": "call",
+                           "outcome": "ok", "result": result}),
+                    to_value(EnvironmentsCallResult {
+                        sequence: started,
+                        result,
+                    }),
+                ),
+                Err(error) => effect_failure(started, error),
+            };
+            append(journal, job, RecordKind::EnvironmentFinished, data, None)?;
+            answer
+        }
+    }
+}
+
+/// Refuses `not_granted` (no record, no effect) unless the session granted this permission on
+/// this environment.
+fn granted(job: &Job, name: &str, permission: Permission) -> Result<(), RpcError> {
+    match job.spec.request.agentloop.grant(name) {
+        Some(grant) if grant.allows(permission) => Ok(()),
+        _ => Err(call_error(
+            ErrorCode::NotGranted,
+            format!(
+                "environment {name:?} is not granted the {} permission",
+                permission.as_str()
+            ),
         )),
     }
+}
+
+fn current_incarnation(job: &Job, name: &str) -> u64 {
+    job.incarnations.get(name).copied().unwrap_or(1)
+}
+
+/// The declared environment and its driver.
+fn environment(
+    job: &Job,
+    effects: &Effects,
+    name: &str,
+) -> Result<(EnvironmentSpec, Arc<dyn crate::effects::EnvironmentDriver>), RpcError> {
+    let declaration = job
+        .spec
+        .request
+        .environments
+        .iter()
+        .find(|e| e.name == name)
+        .ok_or_else(|| call_error(ErrorCode::InvalidInput, format!("no environment {name:?}")))?;
+    let driver = effects.driver(&declaration.driver).ok_or_else(|| {
+        call_error(
+            ErrorCode::InvalidInput,
+            format!("no environment driver named {:?}", declaration.driver),
+        )
+    })?;
+    let spec = EnvironmentSpec {
+        name: declaration.name.clone(),
+        driver: declaration.driver.clone(),
+        configuration: declaration.configuration.clone(),
+    };
+    Ok((spec, driver))
 }
 
 /// A model call across the effect barrier: started (durable) → call once → finished (durable).
@@ -292,7 +424,7 @@ fn model(
                 result,
             }),
         ),
-        Err(error) => effect_failure(started, error, ErrorCode::ModelFailed),
+        Err(error) => effect_failure(started, error),
     };
     append(journal, job, RecordKind::ModelCallFinished, data, None)?;
     answer
@@ -302,7 +434,6 @@ fn model(
 fn effect_failure(
     started: u64,
     error: crate::effects::EffectError,
-    failed_code: ErrorCode,
 ) -> (Value, Result<Value, RpcError>) {
     use crate::effects::EffectError;
     match error {
@@ -316,7 +447,6 @@ fn effect_failure(
         ),
         EffectError::Cancelled { sent } => {
             let outcome = if sent { "unknown" } else { "cancelled" };
-            let _ = failed_code;
             (
                 json!({"started": started, "outcome": outcome, "code": "cancelled"}),
                 Err(call_error(ErrorCode::Cancelled, "cancelled")),
@@ -382,7 +512,7 @@ fn tool(
             format!("no environment driver named {:?}", declaration.driver),
         )
     })?;
-    let incarnation = spec.incarnations.get(placement).copied().unwrap_or(1);
+    let incarnation = current_incarnation(job, placement);
     let environment = EnvironmentSpec {
         name: declaration.name.clone(),
         driver: declaration.driver.clone(),
@@ -502,6 +632,7 @@ impl Dispatcher {
             return Err(not_active());
         }
         let spec = state.spec.clone();
+        let incarnations = state.incarnations.clone();
         let closed = state.last_run == Some((params.sequence, key));
         let Some(active) = state
             .active
@@ -548,6 +679,7 @@ impl Dispatcher {
             id: id.clone(),
             call,
             spec,
+            incarnations,
             cancel,
         });
         Ok(())
@@ -583,7 +715,12 @@ impl Dispatcher {
             key,
             id,
             answer,
+            incarnation,
         } = done;
+        if let (Some((name, started)), Some(state)) = (incarnation, self.sessions.get_mut(&session))
+        {
+            state.incarnations.insert(name, started);
+        }
         if let Some(active) = self.active_mut(&session, sequence) {
             active.outstanding = active.outstanding.saturating_sub(1);
         }

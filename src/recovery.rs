@@ -96,7 +96,8 @@ fn recover_session(
         )?;
         recovered.unknown_effects += 1;
     }
-    if let Some((activation, started)) = unfinished_activation(journal, id)? {
+    let scan = scan(journal, id)?;
+    if let Some((activation, started)) = scan.open_activation {
         let data = if started {
             recovered.interrupted_activations += 1;
             json!({"activation": activation, "outcome": "failed",
@@ -123,7 +124,7 @@ fn recover_session(
         );
     }
     let view = journal.view(id)?;
-    state_from(
+    let mut state = state_from(
         id,
         &view.created,
         view.status,
@@ -131,20 +132,32 @@ fn recover_session(
         registrations,
         data_dir,
     )
-    .map_err(|why| JournalError::Failed(format!("session {id}: its session_created record: {why}")))
+    .map_err(|why| {
+        JournalError::Failed(format!("session {id}: its session_created record: {why}"))
+    })?;
+    state.incarnations.extend(scan.incarnations);
+    Ok(state)
 }
 
-/// The last `activation_queued` without an `activation_finished`, and whether it had started.
-fn unfinished_activation(
-    journal: &dyn Journal,
-    id: &SessionId,
-) -> Result<Option<(u64, bool)>, JournalError> {
+/// What one pass over a session's records tells recovery.
+struct Scan {
+    /// The last `activation_queued` without an `activation_finished`, and whether it had started.
+    open_activation: Option<(u64, bool)>,
+    /// Environments set up since creation: name → the setup's started sequence.
+    incarnations: HashMap<String, u64>,
+}
+
+fn scan(journal: &dyn Journal, id: &SessionId) -> Result<Scan, JournalError> {
     let mut open: Option<(u64, bool)> = None;
+    let mut incarnations = HashMap::new();
     let mut after = 0;
     loop {
         let page = journal.read(id, after, 4096)?;
         let Some(last) = page.last() else {
-            return Ok(open);
+            return Ok(Scan {
+                open_activation: open,
+                incarnations,
+            });
         };
         after = last.sequence;
         for record in &page {
@@ -162,6 +175,17 @@ fn unfinished_activation(
                     if open.is_some_and(|(queued, _)| Some(queued) == activation) =>
                 {
                     open = None;
+                }
+                "environment_finished"
+                    if record.data.get("operation") == Some(&json!("setup"))
+                        && record.data.get("outcome") == Some(&json!("ok")) =>
+                {
+                    if let (Some(name), Some(started)) = (
+                        record.data.get("name").and_then(Value::as_str),
+                        record.data.get("started").and_then(Value::as_u64),
+                    ) {
+                        incarnations.insert(name.to_owned(), started);
+                    }
                 }
                 _ => {}
             }
@@ -225,7 +249,6 @@ pub(crate) fn state_from(
         request,
         model,
         configuration,
-        incarnations,
     };
     Ok(SessionState {
         registration,
@@ -237,6 +260,7 @@ pub(crate) fn state_from(
             Stored::Closed => Lifecycle::Closed,
         },
         marker,
+        incarnations,
         active: None,
         last_run: None,
     })

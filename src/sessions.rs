@@ -83,8 +83,6 @@ pub(crate) struct SessionSpec {
     /// Deployment configuration merged with the session's.
     pub(crate) configuration: Map<String, Value>,
     pub(crate) state_dir: PathBuf,
-    /// The sequence that last set each environment up (`session_created` at first).
-    pub(crate) incarnations: HashMap<String, u64>,
 }
 
 /// Stored lifecycle status; `interrupted` is derived from the marker.
@@ -102,6 +100,9 @@ pub(crate) struct SessionState {
     pub(crate) spec: Arc<SessionSpec>,
     pub(crate) lifecycle: Lifecycle,
     pub(crate) marker: Option<u64>,
+    /// The sequence that last set each environment up (`session_created` at first): the
+    /// incarnation that tool placements and environment calls name.
+    pub(crate) incarnations: HashMap<String, u64>,
     pub(crate) active: Option<Active>,
     /// The latest activation that ran, and on which worker incarnation: callbacks naming it after
     /// its authority closed get `activation_closed` rather than `activation_not_active`.
@@ -454,7 +455,6 @@ impl Dispatcher {
             model,
             configuration,
             state_dir,
-            incarnations,
             request,
         };
         log::info!(
@@ -469,6 +469,7 @@ impl Dispatcher {
                 spec: Arc::new(spec),
                 lifecycle: Lifecycle::Open,
                 marker: None,
+                incarnations,
                 active: None,
                 last_run: None,
             },
@@ -835,6 +836,7 @@ impl Dispatcher {
             )
         })?;
         let spec = state.spec.clone();
+        let incarnations = state.incarnations.clone();
         let input = state.active.as_ref().and_then(|a| a.input.clone());
         let events_through = events.last().map(|e| e.sequence);
         let kv: Map<String, Value> = view
@@ -852,7 +854,7 @@ impl Dispatcher {
                 transcript: view.transcript,
                 kv,
                 events,
-                tools: tool_declarations(&spec.request.tools, &spec.incarnations),
+                tools: tool_declarations(&spec.request.tools, &incarnations),
                 system: spec.request.system.clone(),
                 configuration: spec.configuration.clone(),
                 runtime: runtime_envelope(session, sequence),

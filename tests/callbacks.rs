@@ -331,3 +331,115 @@ fn a_full_queue_refuses_overloaded_and_an_oversized_run_fails_before_its_marker(
     assert_eq!(info.status, brain::SessionStatus::Open);
     assert!(!kinds(&refused).contains(&"activation_started".to_owned()));
 }
+
+/// An environment driver of the embedder's: counts setups, echoes calls.
+#[derive(Default)]
+struct Sandbox {
+    setups: std::sync::atomic::AtomicUsize,
+}
+
+impl EnvironmentDriver for Sandbox {
+    fn call_tool(
+        &self,
+        _call: &ToolCall<'_>,
+        _cancel: &CancelToken,
+    ) -> Result<ToolResult, EffectError> {
+        Ok(ToolResult {
+            outcome: ToolOutcome::Ok,
+            content: vec![],
+            is_error: false,
+        })
+    }
+
+    fn setup(
+        &self,
+        _environment: &brain::effects::EnvironmentSpec,
+        _session: &brain::session::SessionId,
+        _cancel: &CancelToken,
+    ) -> Result<(), EffectError> {
+        self.setups
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn call(
+        &self,
+        environment: &brain::effects::EnvironmentSpec,
+        method: &str,
+        input: &Value,
+        _cancel: &CancelToken,
+    ) -> Result<Value, EffectError> {
+        Ok(json!({"environment": environment.name, "method": method, "input": input}))
+    }
+}
+
+#[test]
+fn environment_operations_follow_the_grants_and_setup_makes_a_new_incarnation() {
+    let sandbox = Arc::new(Sandbox::default());
+    let registrations = Registrations::from_vec(vec![fault("h", &[])]).unwrap();
+    let mut config = Config::new(registrations);
+    config.options = options("environments");
+    config.effects = Effects::default().with_driver("sandbox", sandbox.clone());
+    let brain = Brain::start(config).unwrap();
+    let calls = json!([
+        {"method": "environments.list", "input": {}},
+        {"method": "environments.get", "input": {"name": "box"}},
+        {"method": "environments.call", "input": {"name": "box", "method": "ping", "input": {"n": 1}}},
+        {"method": "environments.setup", "input": {"name": "lab"}},
+        {"method": "environments.get", "input": {"name": "lab"}},
+        {"method": "environments.setup", "input": {"name": "box"}},
+    ]);
+    let session = create(
+        &brain,
+        json!({
+            "agentloop": {"name": "h", "configuration": {"fault": "calls", "calls": calls},
+                          "environments": [
+                              {"environment": "box", "permissions": ["read", "call"]},
+                              {"environment": "lab", "permissions": ["read", "setup"]}]},
+            "tools": [{"name": "probe", "placements": ["lab"]}],
+            "environments": [{"name": "box", "driver": "sandbox"},
+                             {"name": "lab", "driver": "sandbox"},
+                             {"name": "hidden", "driver": "sandbox"}]
+        }),
+    );
+    let outcome = wait(&session.send(text("go")).unwrap());
+    let answers = outcome.result.unwrap()["answers"].clone();
+    // Only granted environments are listed; both start at the session_created incarnation.
+    assert_eq!(
+        answers[0],
+        json!({"environments": [
+            {"name": "box", "sequence": 1, "status": "ready"},
+            {"name": "lab", "sequence": 1, "status": "ready"}]})
+    );
+    assert_eq!(answers[1]["driver"], "sandbox");
+    assert_eq!(answers[2]["result"]["method"], "ping");
+    let setup = answers[3]["sequence"].as_u64().unwrap();
+    assert_eq!(answers[4]["sequence"], setup);
+    assert_eq!(answers[5]["error"]["code"], "not_granted");
+    assert_eq!(answers[5]["error"]["fatal"], false);
+    assert_eq!(sandbox.setups.load(std::sync::atomic::Ordering::SeqCst), 1);
+    // Every effect crossed the barrier; the refused setup wrote nothing.
+    let events = session.events(0, 100).unwrap();
+    let started: Vec<&Value> = events
+        .iter()
+        .filter(|e| e.event_type == "environment_started")
+        .map(|e| &e.data)
+        .collect();
+    assert_eq!(started.len(), 2);
+    assert_eq!(started[0]["operation"], "call");
+    assert_eq!(started[1]["operation"], "setup");
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| e.event_type == "environment_finished")
+            .count(),
+        2
+    );
+    // The next activation's tool placements carry the new incarnation.
+    let outcome = wait(&session.send(text("again")).unwrap());
+    let result = outcome.result.unwrap();
+    assert_eq!(
+        result["tools"][0]["placements"],
+        json!([{"environment": "lab", "sequence": setup}])
+    );
+}

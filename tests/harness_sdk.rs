@@ -1253,7 +1253,8 @@ fn fault_calls_performs_callbacks_until_the_first_error() {
     assert_eq!(answer["id"], 2, "the emit is never made: {answer}");
     assert_eq!(
         answer["result"]["result"],
-        json!({"answers": [{"sequence": 5}, {"error": {"code": "not_granted", "fatal": false}}]})
+        json!({"answers": [{"sequence": 5}, {"error": {"code": "not_granted", "fatal": false}}],
+               "tools": null})
     );
 }
 
@@ -1275,7 +1276,7 @@ fn fault_slow_calls_waits_and_a_cancel_ends_the_wait() {
     harness.answer(&call, json!({"found": true, "value": 7}));
     assert_eq!(
         harness.out.response(json!(2))["result"]["result"],
-        json!({"answers": [{"found": true, "value": 7}]})
+        json!({"answers": [{"found": true, "value": 7}], "tools": null})
     );
 
     let config = json!({"fault": "slow_calls", "delay_ms": 3_600_000, "calls": calls});

@@ -39,7 +39,7 @@
 //! - `"malformed"`: answer `run` with `{"result":"a bare string"}` (bypassing the SDK), then wait
 //!   for cancellation.
 //! - `"calls"`: perform the callbacks in `calls` — an array of `{"method", "input"}` — in order,
-//!   stopping at the first error, and answer `{"result":{"answers":[…]}}`, one entry per callback
+//!   stopping at the first error, and answer `{"result":{"answers":[…], "tools": <input.tools>}}`, one entry per callback
 //!   made: its result, or `{"error":{"code","fatal"}}`.
 //! - `"slow_calls"`: as `calls`, but waits `delay_ms` (integer) before each callback; a cancel during
 //!   a wait answers error `cancelled` at once.
@@ -777,5 +777,10 @@ fn calls(
             }
         }
     }
-    Ok(Some(json!({ "answers": answers })))
+    let tools = activation
+        .params()
+        .pointer("/input/tools")
+        .cloned()
+        .unwrap_or(Value::Null);
+    Ok(Some(json!({ "answers": answers, "tools": tools })))
 }
