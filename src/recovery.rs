@@ -136,6 +136,7 @@ fn recover_session(
         JournalError::Failed(format!("session {id}: its session_created record: {why}"))
     })?;
     state.incarnations.extend(scan.incarnations);
+    state.catalogue = scan.catalogue;
     Ok(state)
 }
 
@@ -145,11 +146,14 @@ struct Scan {
     open_activation: Option<(u64, bool)>,
     /// Environments set up since creation: name → the setup's started sequence.
     incarnations: HashMap<String, u64>,
+    /// The tool catalogue recorded with the first activation, if any.
+    catalogue: Option<Value>,
 }
 
 fn scan(journal: &dyn Journal, id: &SessionId) -> Result<Scan, JournalError> {
     let mut open: Option<(u64, bool)> = None;
     let mut incarnations = HashMap::new();
+    let mut catalogue = None;
     let mut after = 0;
     loop {
         let page = journal.read(id, after, 4096)?;
@@ -157,6 +161,7 @@ fn scan(journal: &dyn Journal, id: &SessionId) -> Result<Scan, JournalError> {
             return Ok(Scan {
                 open_activation: open,
                 incarnations,
+                catalogue,
             });
         };
         after = last.sequence;
@@ -165,6 +170,9 @@ fn scan(journal: &dyn Journal, id: &SessionId) -> Result<Scan, JournalError> {
             match record.event_type.as_str() {
                 "activation_queued" => open = Some((record.sequence, false)),
                 "activation_started" => {
+                    if catalogue.is_none() {
+                        catalogue = record.data.get("catalogue").cloned();
+                    }
                     if let (Some((queued, started)), Some(a)) = (&mut open, activation)
                         && *queued == a
                     {
@@ -261,6 +269,7 @@ pub(crate) fn state_from(
         },
         marker,
         incarnations,
+        catalogue: None,
         active: None,
         last_run: None,
     })

@@ -24,8 +24,8 @@ use crate::protocol::harness::{
 };
 use crate::protocol::jsonrpc::RpcError;
 use crate::session::{
-    CreateSession, SessionId, check_against_harness, check_input_media, merge_configuration,
-    runtime_envelope, tool_declarations,
+    CreateSession, SessionId, ToolSpec, check_against_harness, check_input_media,
+    merge_configuration, runtime_envelope, tool_declarations,
 };
 use crate::status::{FailureReason, WorkerFailure, WorkerState};
 use crate::worker::WorkerKey;
@@ -103,6 +103,9 @@ pub(crate) struct SessionState {
     /// The sequence that last set each environment up (`session_created` at first): the
     /// incarnation that tool placements and environment calls name.
     pub(crate) incarnations: HashMap<String, u64>,
+    /// The tool catalogue recorded with the first activation, for a harness that keeps a fixed
+    /// one.
+    pub(crate) catalogue: Option<Value>,
     pub(crate) active: Option<Active>,
     /// The latest activation that ran, and on which worker incarnation: callbacks naming it after
     /// its authority closed get `activation_closed` rather than `activation_not_active`.
@@ -470,6 +473,7 @@ impl Dispatcher {
                 lifecycle: Lifecycle::Open,
                 marker: None,
                 incarnations,
+                catalogue: None,
                 active: None,
                 last_run: None,
             },
@@ -757,8 +761,11 @@ impl Dispatcher {
             queue.push_front(QueueEntry { session, sequence });
             return;
         };
-        let line = match self.prepare_run(&session, sequence, key) {
-            Ok(line) => line,
+        let prepared = self
+            .check_catalogue(&session, registration)
+            .and_then(|catalogue| Ok((catalogue, self.prepare_run(&session, sequence, key)?)));
+        let (catalogue, line) = match prepared {
+            Ok(prepared) => prepared,
             Err(fixed) => {
                 if let Some(active) = self.active_mut(&session, sequence) {
                     active.fix(fixed);
@@ -767,11 +774,15 @@ impl Dispatcher {
                 return;
             }
         };
+        let mut data = json!({"activation": sequence, "worker": slot});
+        if let Some(catalogue) = catalogue {
+            data["catalogue"] = catalogue;
+        }
         let started = self.journal.append(
             &session,
             NewRecord {
                 kind: RecordKind::ActivationStarted,
-                data: json!({"activation": sequence, "worker": slot}),
+                data,
                 origin: None,
             },
         );
@@ -811,6 +822,37 @@ impl Dispatcher {
                 }
                 self.end(&session, sequence);
             }
+        }
+    }
+
+    /// For a harness that keeps a fixed tool catalogue: the catalogue to record with the first
+    /// activation (`Some`), or the refusal when it differs from the first one. `Ok(None)` when the
+    /// harness declares no fixed catalogue or the session already recorded its own.
+    fn check_catalogue(
+        &mut self,
+        session: &SessionId,
+        registration: usize,
+    ) -> Result<Option<Value>, Fixed> {
+        let fixed = self
+            .pool
+            .agreed(registration)
+            .is_some_and(|declared| declared.capabilities.fixed_tool_catalogue);
+        let Some(state) = self.sessions.get_mut(session).filter(|_| fixed) else {
+            return Ok(None);
+        };
+        let current = tool_catalogue(&state.spec.request.tools);
+        match &state.catalogue {
+            None => {
+                state.catalogue = Some(current.clone());
+                Ok(Some(current))
+            }
+            Some(first) => match catalogue_change(first, &current) {
+                None => Ok(None),
+                Some(change) => Err(Fixed::failed(
+                    ErrorCode::UnsupportedInput.as_str(),
+                    format!("the harness keeps a fixed tool catalogue, and it changed: {change}"),
+                )),
+            },
         }
     }
 
@@ -1573,6 +1615,86 @@ impl Dispatcher {
     }
 }
 
+/// A session's tool catalogue as a fixed-catalogue harness keeps it: declarations and placement
+/// environment names, never incarnation sequences.
+pub(crate) fn tool_catalogue(tools: &[ToolSpec]) -> Value {
+    json!(
+        tools
+            .iter()
+            .map(|t| json!({"name": t.name, "description": t.description,
+                        "input_schema": t.input_schema, "placements": t.placements}))
+            .collect::<Vec<_>>()
+    )
+}
+
+/// What changed between two catalogues, named for the refusal; `None` when they are equal.
+pub(crate) fn catalogue_change(first: &Value, current: &Value) -> Option<String> {
+    if first == current {
+        return None;
+    }
+    let names = |catalogue: &Value| -> Vec<(String, Value)> {
+        catalogue
+            .as_array()
+            .map(|tools| {
+                tools
+                    .iter()
+                    .map(|t| (t["name"].as_str().unwrap_or_default().to_owned(), t.clone()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let (before, after) = (names(first), names(current));
+    let mut changes = Vec::new();
+    for (name, tool) in &after {
+        match before.iter().find(|(n, _)| n == name) {
+            None => changes.push(format!("tool {name:?} added")),
+            Some((_, old)) if old != tool => changes.push(format!("tool {name:?} changed")),
+            Some(_) => {}
+        }
+    }
+    for (name, _) in &before {
+        if !after.iter().any(|(n, _)| n == name) {
+            changes.push(format!("tool {name:?} removed"));
+        }
+    }
+    if changes.is_empty() {
+        changes.push("the tools were reordered".to_owned());
+    }
+    Some(changes.join(", "))
+}
+
 fn fixed_is_cancel(fixed: &Fixed) -> bool {
     fixed.kind == OutcomeKind::Cancelled && fixed.code.as_deref() == Some("cancelled")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tools(json: Value) -> Vec<ToolSpec> {
+        serde_json::from_value(json).unwrap()
+    }
+
+    #[test]
+    fn a_catalogue_is_declarations_and_placement_names_and_its_changes_are_named() {
+        let first = tool_catalogue(&tools(json!([
+            {"name": "bash", "description": "run", "placements": ["box"]},
+            {"name": "read", "placements": ["box"]}
+        ])));
+        assert_eq!(first[0]["placements"], json!(["box"]));
+        assert_eq!(catalogue_change(&first, &first.clone()), None);
+        let changed = tool_catalogue(&tools(json!([
+            {"name": "bash", "description": "run", "placements": ["other"]},
+            {"name": "write", "placements": ["box"]}
+        ])));
+        assert_eq!(
+            catalogue_change(&first, &changed).unwrap(),
+            "tool \"bash\" changed, tool \"write\" added, tool \"read\" removed"
+        );
+        let reordered = json!([first[1].clone(), first[0].clone()]);
+        assert_eq!(
+            catalogue_change(&first, &reordered).unwrap(),
+            "the tools were reordered"
+        );
+    }
 }

@@ -443,3 +443,40 @@ fn environment_operations_follow_the_grants_and_setup_makes_a_new_incarnation() 
         json!([{"environment": "lab", "sequence": setup}])
     );
 }
+
+#[test]
+fn a_fixed_tool_catalogue_is_recorded_with_the_first_activation() {
+    let registrations =
+        Registrations::from_vec(vec![fault("h", &["--capability", "fixed_tool_catalogue"])])
+            .unwrap();
+    let mut config = Config::new(registrations);
+    config.options = options("catalogue");
+    config.effects = Effects::default().with_driver("sandbox", Arc::new(Sandbox::default()));
+    let brain = Brain::start(config).unwrap();
+    let session = create(
+        &brain,
+        json!({"agentloop": {"name": "h"},
+               "tools": [{"name": "probe", "description": "looks", "placements": ["lab"]}],
+               "environments": [{"name": "lab", "driver": "sandbox"}]}),
+    );
+    for _ in 0..2 {
+        assert_eq!(
+            wait(&session.send(text("x")).unwrap()).outcome,
+            OutcomeKind::Completed
+        );
+    }
+    let started: Vec<Value> = session
+        .events(0, 100)
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.event_type == "activation_started")
+        .map(|e| e.data)
+        .collect();
+    // Declarations and placement names, never incarnation sequences; only the first records it.
+    assert_eq!(
+        started[0]["catalogue"],
+        json!([{"name": "probe", "description": "looks",
+                "input_schema": {"type": "object"}, "placements": ["lab"]}])
+    );
+    assert!(started[1].get("catalogue").is_none());
+}
