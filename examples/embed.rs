@@ -22,7 +22,7 @@ pub fn run(harness: &str, data_dir: &Path, message: &str) -> Result<String, Box<
     config.options.data_dir = data_dir.to_path_buf();
 
     // Blocks until every worker answered `initialize` (or failed).
-    let mut brain = Brain::start(config)?;
+    let brain = Brain::start(config)?;
     assert!(brain.ready());
 
     // The model defaults to the scripted provider, which echoes the user's text.

@@ -381,6 +381,16 @@ impl Session {
         }
     }
 
+    /// The saved transcript (the projection of `transcript_delta` records) and the sequence of the
+    /// record it is current through (0 when nothing was saved). Reads the journal directly.
+    pub fn transcript(&self) -> Result<(Vec<crate::protocol::harness::Message>, u64), ApiError> {
+        let view = self
+            .journal
+            .view(&self.id)
+            .map_err(|error| ApiError::new(error.code(), error.to_string()))?;
+        Ok((view.transcript, view.transcript_through))
+    }
+
     /// The session's current view.
     pub fn info(&self) -> Result<SessionInfo, ApiError> {
         request(&self.commands, |reply| Command::Info {

@@ -169,7 +169,8 @@ fn io_error(what: &str) -> impl FnOnce(std::io::Error) -> StartError + '_ {
 pub struct Brain {
     commands: Sender<Command>,
     board: Arc<StatusBoard>,
-    dispatcher: Option<JoinHandle<()>>,
+    /// Taken by the first shutdown; later ones find it empty and return at once.
+    dispatcher: parking_lot::Mutex<Option<JoinHandle<()>>>,
     options: Options,
     journal: Arc<WatchedJournal>,
 }
@@ -317,10 +318,10 @@ impl Brain {
             .name("brain-dispatch".into())
             .spawn(move || dispatcher.run(inputs, startup_tx))
             .map_err(io_error("starting the dispatcher thread"))?;
-        let mut brain = Brain {
+        let brain = Brain {
             commands: commands_tx,
             board,
-            dispatcher: Some(dispatcher),
+            dispatcher: parking_lot::Mutex::new(Some(dispatcher)),
             options,
             journal,
         };
@@ -401,6 +402,36 @@ impl Brain {
         Ok(self.session(&id))
     }
 
+    /// Creates a session that continues the conversation of an `interrupted` or `closed` one: the
+    /// new session imports the old one's saved transcript (so its harness must declare
+    /// `transcript_import`, else `unsupported_input`). Any transcript in `request` is replaced.
+    /// Refuses `unknown_session`, and `invalid_request` when `from` is still open or passivated.
+    pub fn create_session_from(
+        &self,
+        mut request: CreateSession,
+        from: &SessionId,
+    ) -> Result<Session, ApiError> {
+        let source = self.session(from);
+        let status = source.info()?.status;
+        if !matches!(
+            status,
+            crate::api::SessionStatus::Interrupted | crate::api::SessionStatus::Closed
+        ) {
+            return Err(ApiError::new(
+                ErrorCode::InvalidRequest,
+                format!(
+                    "from: session {from} is {status:?}; only an interrupted or closed session can be continued"
+                ),
+            ));
+        }
+        request.transcript = source.transcript()?.0;
+        if request.transcript.is_empty() {
+            // Nothing to import: the capability check must not refuse an empty continuation.
+            log::info!("session {from} has no saved transcript; the new session starts empty");
+        }
+        self.create_session(request)
+    }
+
     /// Parses a create-session request from JSON (strictly) and creates it.
     pub fn create_session_json(&self, json: &[u8]) -> Result<Session, ApiError> {
         let request =
@@ -429,12 +460,12 @@ impl Brain {
     /// its stdin is closed once it answers, and its process group is killed if it is still running
     /// `grace` later (a zero grace skips the cancel and kills at once). Blocks until every worker
     /// has been reaped. Calling it again does nothing.
-    pub fn shutdown(&mut self, grace: Duration) {
+    pub fn shutdown(&self, grace: Duration) {
         self.stop(grace);
     }
 
-    fn stop(&mut self, grace: Duration) {
-        let Some(dispatcher) = self.dispatcher.take() else {
+    fn stop(&self, grace: Duration) {
+        let Some(dispatcher) = self.dispatcher.lock().take() else {
             return;
         };
         let (done, finished) = crossbeam_channel::bounded::<()>(0);
@@ -461,7 +492,7 @@ impl Drop for Brain {
 impl fmt::Debug for Brain {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Brain")
-            .field("running", &self.dispatcher.is_some())
+            .field("running", &self.dispatcher.lock().is_some())
             .finish()
     }
 }

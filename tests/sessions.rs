@@ -643,7 +643,7 @@ fn a_callback_after_the_answer_is_refused_activation_closed() {
 
 #[test]
 fn shutdown_cancels_queued_and_running_activations_and_refuses_new_work() {
-    let mut brain = start(
+    let brain = start(
         vec![fault("s", &[]).max_concurrency(1)],
         options("shutdown"),
     );
@@ -732,4 +732,51 @@ fn at_most_64_callbacks_of_an_activation_are_unanswered_at_once() {
     let started = kinds.iter().filter(|k| *k == "model_call_started").count();
     let finished = kinds.iter().filter(|k| *k == "model_call_finished").count();
     assert_eq!((started, finished), (64, 64));
+}
+
+#[test]
+fn an_interrupted_conversation_continues_in_a_new_session_from_its_transcript() {
+    let brain = start(
+        vec![
+            brain::Registration::new("ref", REFERENCE_HARNESS),
+            fault("plain", &[]),
+        ],
+        options("from"),
+    );
+    let script = json!([{"message": {"role": "assistant", "content": [{"type": "text", "text": "first answer"}]},
+                         "stop_reason": "end_turn"}]);
+    let old = brain
+        .create_session_json(
+            json!({"agentloop": {"name": "ref"},
+                   "model": {"provider": "scripted", "name": "s", "options": {"script": script}}})
+            .to_string()
+            .as_bytes(),
+        )
+        .unwrap();
+    assert_eq!(
+        wait(&old.send(text("one")).unwrap()).outcome,
+        OutcomeKind::Completed
+    );
+    // The script is exhausted: the second turn fails and interrupts the session.
+    let failed = wait(&old.send(text("two")).unwrap());
+    assert_eq!(error_code(&failed), "model_failed");
+    assert_eq!(old.info().unwrap().status, SessionStatus::Interrupted);
+    let (transcript, _) = old.transcript().unwrap();
+    assert_eq!(transcript.len(), 2);
+    let new = brain
+        .create_session_from(request("ref", json!({})), old.id())
+        .unwrap();
+    assert_eq!(new.transcript().unwrap().0, transcript);
+    let outcome = wait(&new.send(text("three")).unwrap());
+    assert_eq!(outcome.outcome, OutcomeKind::Completed);
+    assert_eq!(new.transcript().unwrap().0.len(), 4);
+    // A harness without transcript_import cannot continue it; an open session cannot be a source.
+    let refused = brain
+        .create_session_from(request("plain", json!({})), old.id())
+        .unwrap_err();
+    assert_eq!(refused.code.as_str(), "unsupported_input");
+    let refused = brain
+        .create_session_from(request("ref", json!({})), new.id())
+        .unwrap_err();
+    assert_eq!(refused.code.as_str(), "invalid_request");
 }

@@ -284,7 +284,7 @@ fn a_kill_takes_the_whole_process_group_and_leaves_no_zombie() {
     let dir = temp_dir("group");
     let pidfile = dir.join("pids");
     let pidfile_arg = pidfile.to_string_lossy().into_owned();
-    let mut brain = start(
+    let brain = start(
         vec![fault("family", &["--grandchild", &pidfile_arg])],
         fast_options("group"),
     );
@@ -405,7 +405,7 @@ fn an_undeclared_deployment_configuration_key_refuses_startup() {
 
 #[test]
 fn shutdown_stops_healthy_workers_without_counting_failures() {
-    let mut brain = start(
+    let brain = start(
         vec![fault("calm", &[]).workers(2)],
         fast_options("shutdown"),
     );
@@ -434,7 +434,7 @@ fn shutdown_stops_healthy_workers_without_counting_failures() {
 
 #[test]
 fn a_harness_ignoring_shutdown_is_killed_after_the_grace() {
-    let mut brain = start(
+    let brain = start(
         vec![fault("stubborn", &["--ignore-shutdown"])],
         fast_options("stubborn"),
     );

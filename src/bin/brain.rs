@@ -249,7 +249,7 @@ fn run(args: &[String]) -> ExitCode {
         }
     }
     let grace = common.options.cancel_grace;
-    let mut brain = match start_brain(registrations, common.options, effects) {
+    let brain = match start_brain(registrations, common.options, effects) {
         Ok(brain) => brain,
         Err(code) => return code,
     };
@@ -351,7 +351,7 @@ fn check(args: &[String]) -> ExitCode {
         Err(code) => return code,
     };
     let grace = common.options.cancel_grace;
-    let mut brain = match start_brain(registrations, common.options, Effects::default()) {
+    let brain = match start_brain(registrations, common.options, Effects::default()) {
         Ok(brain) => brain,
         Err(code) => return code,
     };
