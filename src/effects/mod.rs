@@ -15,8 +15,10 @@
 //!
 //! The built-in [`ScriptedProvider`] (name `scripted`) is the default model provider.
 
+pub mod local;
 mod scripted;
 
+pub use local::LocalDriver;
 pub use scripted::ScriptedProvider;
 
 use crate::cancel::CancelToken;
