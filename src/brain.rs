@@ -8,6 +8,7 @@ use crate::datadir::DataDir;
 use crate::dispatch::{Command, Dispatcher, Inputs, Internal};
 use crate::effects::Effects;
 use crate::journal::{Journal, MemoryJournal};
+use crate::metrics::Metrics;
 use crate::options::Options;
 use crate::pool::{Pool, StartupRefusal};
 use crate::protocol::harness::ErrorCode;
@@ -173,6 +174,9 @@ pub struct Brain {
     dispatcher: parking_lot::Mutex<Option<JoinHandle<()>>>,
     options: Options,
     journal: Arc<WatchedJournal>,
+    metrics: Arc<Metrics>,
+    /// Every slot's capacity queue, for the queue-depth and slots-in-use gauges.
+    queues: Vec<(String, u32, Arc<CapacityQueue<QueueEntry>>)>,
 }
 
 fn registration_list(
@@ -279,11 +283,23 @@ impl Brain {
             }
             queues.push(slots);
         }
+        let metrics = Arc::new(Metrics::default());
+        let gauge_queues = queues
+            .iter()
+            .zip(&resolved)
+            .flat_map(|(slots, (registration, _))| {
+                slots
+                    .iter()
+                    .enumerate()
+                    .map(|(slot, queue)| (registration.name.clone(), slot as u32, queue.clone()))
+            })
+            .collect();
         let executor = Executor::start(
             options.callback_threads,
             journal.clone(),
             config.effects.clone(),
             internal_tx.clone(),
+            metrics.clone(),
         )
         .map_err(io_error("starting the callback threads"))?;
         let pool = Pool::new(
@@ -307,6 +323,7 @@ impl Brain {
             options: options.clone(),
             stopping: None,
             pending_runs: HashMap::new(),
+            metrics: metrics.clone(),
         };
         let inputs = Inputs {
             deadlines,
@@ -324,6 +341,8 @@ impl Brain {
             dispatcher: parking_lot::Mutex::new(Some(dispatcher)),
             options,
             journal,
+            metrics,
+            queues: gauge_queues,
         };
         match startup.recv() {
             Ok(Ok(())) => Ok(brain),
@@ -447,6 +466,23 @@ impl Brain {
             commands: self.commands.clone(),
             journal: self.journal.clone(),
         }
+    }
+
+    /// Prometheus text: workers by state, restarts, activations by outcome, queue depth, slots in
+    /// use, schedule-to-start and activation latency histograms, callbacks by method and code,
+    /// unknown outcomes. Never blocks on the dispatcher.
+    pub fn metrics_text(&self) -> String {
+        let status = self.board.snapshot();
+        let queues = self
+            .queues
+            .iter()
+            .map(|(name, slot, queue)| (name.clone(), *slot, queue.waiting(), queue.running()))
+            .collect();
+        self.metrics.render(&crate::metrics::Gauges {
+            status: &status,
+            queues,
+            journal: None,
+        })
     }
 
     /// Every session, in id order.

@@ -13,6 +13,7 @@ use crate::cancel::CancelToken;
 use crate::dispatch::{Dispatcher, Internal};
 use crate::effects::{Effects, EnvironmentSpec, ModelCall, ToolCall};
 use crate::journal::{Journal, JournalError, NewRecord, append_durable};
+use crate::metrics::Metrics;
 use crate::pool::Deadline;
 use crate::protocol::harness::{
     BrainCallParams, CallbackInput, EnvironmentInfo, EnvironmentSummary, EnvironmentsCallResult,
@@ -45,6 +46,12 @@ pub(crate) struct Job {
     cancel: CancelToken,
 }
 
+impl Job {
+    fn method(&self) -> &'static str {
+        self.call.method().as_str()
+    }
+}
+
 /// A finished callback, reported to the dispatcher.
 pub(crate) struct CallbackDone {
     session: SessionId,
@@ -54,6 +61,7 @@ pub(crate) struct CallbackDone {
     answer: Result<Value, RpcError>,
     /// A successful `environments.setup`: the environment's new incarnation.
     incarnation: Option<(String, u64)>,
+    method: &'static str,
 }
 
 /// The pool of threads that run callbacks (`brain-callback-N`).
@@ -68,18 +76,20 @@ impl Executor {
         journal: Arc<dyn Journal>,
         effects: Effects,
         internal: Sender<Internal>,
+        metrics: Arc<Metrics>,
     ) -> std::io::Result<Executor> {
         let (jobs, queue) = crossbeam_channel::unbounded::<Job>();
         for n in 0..threads.max(1) {
-            let (queue, journal, effects, internal) = (
+            let (queue, journal, effects, internal, metrics) = (
                 queue.clone(),
                 journal.clone(),
                 effects.clone(),
                 internal.clone(),
+                metrics.clone(),
             );
             std::thread::Builder::new()
                 .name(format!("brain-callback-{n}"))
-                .spawn(move || serve(queue, &*journal, &effects, &internal))?;
+                .spawn(move || serve(queue, &*journal, &effects, &internal, &metrics))?;
         }
         Ok(Executor { jobs })
     }
@@ -95,11 +105,22 @@ fn serve(
     journal: &dyn Journal,
     effects: &Effects,
     internal: &Sender<Internal>,
+    metrics: &Metrics,
 ) {
     while let Ok(job) = queue.recv() {
         let mut incarnation = None;
         let answer = run(&job, journal, effects, &mut incarnation);
+        let tool_unknown = matches!(&answer, Ok(value)
+            if value.pointer("/result/outcome") == Some(&json!("unknown")));
+        if tool_unknown
+            || answer
+                .as_ref()
+                .is_err_and(|e| error_code(e) == Some(ErrorCode::OutcomeUnknown))
+        {
+            metrics.unknown_outcome();
+        }
         let done = CallbackDone {
+            method: job.method(),
             session: job.session,
             sequence: job.sequence,
             key: job.key,
@@ -575,6 +596,16 @@ fn tool(
     })
 }
 
+/// The `data.code` of an error Brain built.
+fn error_code(error: &RpcError) -> Option<ErrorCode> {
+    error
+        .data
+        .as_ref()
+        .and_then(|d| d.get("code"))
+        .and_then(Value::as_str)
+        .and_then(|c| c.parse().ok())
+}
+
 fn is_effect(call: &CallbackInput) -> bool {
     matches!(
         call,
@@ -603,6 +634,8 @@ impl Dispatcher {
             ))
         };
         if let Err(error) = admitted {
+            let code = error_code(&error).map_or("error", ErrorCode::as_str);
+            self.metrics.callback("refused", code);
             self.pool
                 .answer(key, &id, jsonrpc::encode_error(&id, &error));
         }
@@ -716,7 +749,13 @@ impl Dispatcher {
             id,
             answer,
             incarnation,
+            method,
         } = done;
+        let code = match &answer {
+            Ok(_) => "ok",
+            Err(error) => error_code(error).map_or("error", ErrorCode::as_str),
+        };
+        self.metrics.callback(method, code);
         if let (Some((name, started)), Some(state)) = (incarnation, self.sessions.get_mut(&session))
         {
             state.incarnations.insert(name, started);

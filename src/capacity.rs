@@ -101,6 +101,11 @@ impl<T: PartialEq> CapacityQueue<T> {
         self.state.lock().waiting.drain(..).collect()
     }
 
+    /// How many taken entries are outstanding (running).
+    pub(crate) fn running(&self) -> usize {
+        self.state.lock().running
+    }
+
     /// How many entries wait.
     pub(crate) fn waiting(&self) -> usize {
         self.state.lock().waiting.len()

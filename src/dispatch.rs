@@ -127,6 +127,7 @@ pub(crate) struct Dispatcher {
     pub(crate) stopping: Option<Stopping>,
     /// Encoded `run` lines waiting for their `activation_started` record to become durable.
     pub(crate) pending_runs: HashMap<(SessionId, u64), Vec<u8>>,
+    pub(crate) metrics: Arc<crate::metrics::Metrics>,
 }
 
 /// Shutdown progress.

@@ -21,6 +21,7 @@ mod dispatch;
 pub mod effects;
 pub mod harness;
 pub mod journal;
+mod metrics;
 mod options;
 mod pool;
 pub mod protocol;

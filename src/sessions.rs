@@ -221,6 +221,8 @@ pub(crate) struct Active {
     pub(crate) admit_reply: Option<Reply<Activation>>,
     /// The last pending event given to the harness, for the events cursor.
     pub(crate) events_through: Option<u64>,
+    /// When it was admitted, for the latency metrics.
+    admitted_at: Instant,
     session_id: SessionId,
 }
 
@@ -647,6 +649,7 @@ impl Dispatcher {
             cell: Arc::new(OutcomeCell::default()),
             admit_reply: None,
             events_through: None,
+            admitted_at: Instant::now(),
             session_id: id.clone(),
         });
         self.when_durable(
@@ -978,6 +981,8 @@ impl Dispatcher {
         };
         active.phase = Phase::Running { key };
         active.authority_open = true;
+        let waited = active.admitted_at.elapsed();
+        self.metrics.schedule_to_start.observe(waited);
         self.pool.send_line(key, line);
         log::debug!("session {session}: activation {sequence} running on {key:?}");
     }
@@ -1220,6 +1225,11 @@ impl Dispatcher {
         if active.started && fixed.kind == OutcomeKind::Completed {
             state.marker = None;
         }
+        self.metrics
+            .activation(fixed.kind.as_str(), fixed.code.as_deref());
+        self.metrics
+            .activation_latency
+            .observe(active.admitted_at.elapsed());
         log::info!(
             "session {session}: activation {sequence} {}{}",
             fixed.kind.as_str(),

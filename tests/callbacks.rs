@@ -480,3 +480,27 @@ fn a_fixed_tool_catalogue_is_recorded_with_the_first_activation() {
     );
     assert!(started[1].get("catalogue").is_none());
 }
+
+#[test]
+fn metrics_count_activations_callbacks_and_latencies() {
+    let brain = start(vec![fault("h", &[])], options("metrics"));
+    answers(
+        &brain,
+        json!([{"method": "kv.put", "input": {"key": "a", "value": 1}},
+               {"method": "kv.put", "input": {"key": "brain.a", "value": 1}}]),
+    );
+    let text = brain.metrics_text();
+    for expected in [
+        "brain_ready 1",
+        "brain_workers{registration=\"h\",state=\"healthy\"} 1",
+        "brain_activations_total{outcome=\"completed\",code=\"\"} 1",
+        "brain_callbacks_total{method=\"kv.put\",code=\"ok\"} 1",
+        "brain_callbacks_total{method=\"kv.put\",code=\"reserved_key\"} 1",
+        "brain_schedule_to_start_seconds_count 1",
+        "brain_activation_seconds_count 1",
+        "brain_queue_depth{registration=\"h\",worker=\"0\"} 0",
+        "brain_slots_in_use{registration=\"h\",worker=\"0\"} 0",
+    ] {
+        assert!(text.contains(expected), "missing {expected:?} in\n{text}");
+    }
+}
