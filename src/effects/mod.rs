@@ -15,10 +15,14 @@
 //!
 //! The built-in [`ScriptedProvider`] (name `scripted`) is the default model provider.
 
+pub mod anthropic;
 pub mod local;
+pub mod openai;
 mod scripted;
 
+pub use anthropic::AnthropicProvider;
 pub use local::LocalDriver;
+pub use openai::OpenAiProvider;
 pub use scripted::ScriptedProvider;
 
 use crate::cancel::CancelToken;
