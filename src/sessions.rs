@@ -396,7 +396,7 @@ impl Dispatcher {
             ));
         }
         for environment in &request.environments {
-            if self.effects.driver(&environment.driver).is_none() {
+            let Some(driver) = self.effects.driver(&environment.driver) else {
                 return Err(api(
                     ErrorCode::InvalidRequest,
                     format!(
@@ -404,7 +404,13 @@ impl Dispatcher {
                         environment.name, environment.driver
                     ),
                 ));
-            }
+            };
+            driver.validate(&environment.configuration).map_err(|why| {
+                api(
+                    ErrorCode::InvalidRequest,
+                    format!("environments: {:?}: configuration: {why}", environment.name),
+                )
+            })?;
         }
         let slot = self.place(registration).ok_or_else(|| {
             api(

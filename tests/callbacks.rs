@@ -504,3 +504,59 @@ fn metrics_count_activations_callbacks_and_latencies() {
         assert!(text.contains(expected), "missing {expected:?} in\n{text}");
     }
 }
+
+#[test]
+fn the_built_in_local_driver_runs_tools_as_commands() {
+    let registrations =
+        Registrations::from_vec(vec![brain::Registration::new("ref", REFERENCE_HARNESS)]).unwrap();
+    let mut config = Config::new(registrations);
+    config.options = options("local-driver");
+    let brain = Brain::start(config).unwrap();
+    let script = json!([
+        {"message": {"role": "assistant", "content": [
+            {"type": "tool_use", "id": "t1", "name": "echo", "input": {"a": 2}}]},
+         "stop_reason": "tool_use"},
+        {"message": {"role": "assistant", "content": [{"type": "text", "text": "done"}]},
+         "stop_reason": "end_turn"}
+    ]);
+    let session = create(
+        &brain,
+        json!({
+            "agentloop": {"name": "ref"},
+            "model": {"provider": "scripted", "name": "s", "options": {"script": script}},
+            "tools": [{"name": "echo", "placements": ["shell"]}],
+            "environments": [{"name": "shell", "driver": "local",
+                              "configuration": {"tools": {"echo": {"command": ["cat"]}}}}]
+        }),
+    );
+    let outcome = wait(&session.send(text("echo it")).unwrap());
+    assert_eq!(outcome.outcome, OutcomeKind::Completed, "{outcome:?}");
+    let events = session.events(0, 100).unwrap();
+    let finished = events
+        .iter()
+        .find(|e| e.event_type == "tool_call_finished")
+        .expect("the tool ran");
+    assert_eq!(finished.data["outcome"], "ok");
+    let output = finished.data["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap();
+    assert!(output.contains(r#""a":2"#), "{output}");
+    // The tool ran in the session's working directory, beneath its state directory.
+    assert!(session.info().unwrap().state_dir.is_dir());
+    // A bad local configuration is refused at creation, naming the field.
+    let refused = brain
+        .create_session_json(
+            json!({"agentloop": {"name": "ref"},
+                   "environments": [{"name": "shell", "driver": "local",
+                                     "configuration": {"tools": {"x": {"command": []}}}}]})
+            .to_string()
+            .as_bytes(),
+        )
+        .unwrap_err();
+    assert_eq!(refused.code.as_str(), "invalid_request");
+    assert!(
+        refused.message.contains("tools.x.command"),
+        "{}",
+        refused.message
+    );
+}

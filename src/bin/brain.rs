@@ -70,6 +70,8 @@ fn usage_error(message: &str) -> ExitCode {
 fn init_logging(default: &str) {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(default))
         .format_timestamp_millis()
+        // The HTTP client's protocol layer dumps raw requests (provider keys included) at trace.
+        .filter_module("ureq_proto", log::LevelFilter::Debug)
         .init();
 }
 
@@ -238,7 +240,7 @@ fn run(args: &[String]) -> ExitCode {
         },
         None => "reference".to_owned(),
     };
-    let mut effects = Effects::default();
+    let mut effects = Effects::default().with_env_providers();
     if let Some(script) = script {
         match ScriptedProvider::load(&script) {
             Ok(provider) => effects = effects.with_provider("scripted", Arc::new(provider)),

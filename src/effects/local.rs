@@ -200,6 +200,10 @@ fn tool_failed(message: String) -> EffectError {
 }
 
 impl EnvironmentDriver for LocalDriver {
+    fn validate(&self, configuration: &Map<String, Value>) -> Result<(), String> {
+        validate_configuration(configuration)
+    }
+
     fn call_tool(
         &self,
         call: &ToolCall<'_>,

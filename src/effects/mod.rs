@@ -201,6 +201,14 @@ pub trait EnvironmentDriver: Send + Sync {
         })
     }
 
+    /// Checks an environment's configuration when a session declares it, so that a bad one is
+    /// refused at creation (`invalid_request`, with this message) rather than at the first call.
+    /// The default accepts everything.
+    fn validate(&self, configuration: &Map<String, Value>) -> Result<(), String> {
+        let _ = configuration;
+        Ok(())
+    }
+
     /// A short status for `environments.list` and `environments.get`. Must not block for long:
     /// it is not cancellable. The default is `"ready"`.
     fn status(&self, environment: &EnvironmentSpec) -> String {
@@ -213,8 +221,9 @@ pub trait EnvironmentDriver: Send + Sync {
 ///
 /// A session's `model.provider` names a provider, an environment's `driver` names a driver; a name
 /// that is not registered makes the effect fail cleanly (nothing happened). `Effects::default()`
-/// has the built-in [`ScriptedProvider`] as `scripted` (with no global script, so it echoes) and no
-/// drivers. A clone copies the name tables and shares the providers and drivers themselves (they
+/// has the built-in [`ScriptedProvider`] as `scripted` (with no global script, so it echoes) and the
+/// built-in [`LocalDriver`] as `local`; [`Effects::with_env_providers`] adds the OpenAI and
+/// Anthropic providers whose keys are set in Brain's environment. A clone copies the name tables and shares the providers and drivers themselves (they
 /// are behind [`Arc`]s).
 #[derive(Clone)]
 pub struct Effects {
@@ -229,10 +238,25 @@ impl Default for Effects {
             drivers: HashMap::new(),
         }
         .with_provider(ScriptedProvider::NAME, Arc::new(ScriptedProvider::new()))
+        .with_driver(LocalDriver::NAME, Arc::new(LocalDriver::new()))
     }
 }
 
 impl Effects {
+    /// Adds `openai` when `OPENAI_API_KEY` is set and `anthropic` when `ANTHROPIC_API_KEY` is
+    /// (base URLs from `OPENAI_BASE_URL` / `ANTHROPIC_BASE_URL`). Keys stay in Brain: they are
+    /// never passed to harnesses, journaled or logged.
+    pub fn with_env_providers(self) -> Effects {
+        let mut effects = self;
+        if let Ok(provider) = OpenAiProvider::from_env() {
+            effects = effects.with_provider(OpenAiProvider::NAME, Arc::new(provider));
+        }
+        if let Ok(provider) = AnthropicProvider::from_env() {
+            effects = effects.with_provider(AnthropicProvider::NAME, Arc::new(provider));
+        }
+        effects
+    }
+
     /// The provider registered as `name`, if any.
     pub fn provider(&self, name: &str) -> Option<Arc<dyn ModelProvider>> {
         self.providers.get(name).cloned()
