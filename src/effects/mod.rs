@@ -377,14 +377,14 @@ mod tests {
     }
 
     #[test]
-    fn the_default_effects_have_the_scripted_provider_and_no_driver() {
+    fn the_default_effects_have_the_scripted_provider_and_the_local_driver() {
         let effects = Effects::default();
         assert!(effects.provider("scripted").is_some());
         assert!(effects.provider("openai").is_none());
-        assert!(effects.driver("local").is_none());
+        assert!(effects.driver("local").is_some());
         assert_eq!(
             format!("{effects:?}"),
-            r#"Effects { providers: ["scripted"], drivers: [] }"#
+            r#"Effects { providers: ["scripted"], drivers: ["local"] }"#
         );
     }
 
