@@ -12,10 +12,23 @@
 //! (PROTOCOL.md §7.1, §11). Threads that may block use [`append_durable`].
 //!
 //! [`MemoryJournal`] keeps everything in memory: every record is durable the moment it is appended.
+//! [`DiskJournal`] keeps records in segment files under `<data>/journal`, makes them durable with
+//! group commit and recovers them at open (docs/JOURNAL.md).
 
+#[cfg(test)]
+mod conformance;
+mod crc;
+mod disk;
+mod frame;
 mod memory;
 mod projection;
+mod recover;
+mod segment;
 
+pub use disk::{
+    CompactionReport, DEFAULT_SEGMENT_SIZE, DiskJournal, DiskJournalOptions, JournalStats,
+    MAX_SEGMENT_SIZE, MIN_SEGMENT_SIZE,
+};
 pub use memory::MemoryJournal;
 pub use projection::{ACTIVATION_MARKER_KEY, EVENTS_CURSOR_KEY, apply};
 
@@ -23,6 +36,7 @@ use crate::protocol::harness::{ErrorCode, Event, EventOrigin, Message, RecordKin
 use crate::session::SessionId;
 use serde_json::{Map, Value};
 use std::fmt;
+use std::path::PathBuf;
 
 /// A record to append: what it is, its payload, and where it came from.
 ///
@@ -114,16 +128,27 @@ pub enum JournalError {
     /// The journal could not do what was asked (an I/O failure, or a request it refuses, such as
     /// a first record that is not `session_created`). The text says what and why.
     Failed(String),
+    /// The session's records are damaged on disk: the session cannot be read or appended to.
+    /// Other sessions are not affected. Nothing was repaired or dropped.
+    Corrupt {
+        /// The segment file holding the damage.
+        file: PathBuf,
+        /// The byte offset in it of the damaged frame (or of the unreadable region).
+        offset: u64,
+        /// What is wrong, and which session and record it concerns.
+        why: String,
+    },
 }
 
 impl JournalError {
     /// The error code callers report (PROTOCOL.md §10): `unknown_session`, `invalid_request`
-    /// (for [`JournalError::AlreadyExists`]) or `journal_failed`.
+    /// (for [`JournalError::AlreadyExists`]) or `journal_failed` (for [`JournalError::Failed`] and
+    /// [`JournalError::Corrupt`]).
     pub fn code(&self) -> ErrorCode {
         match self {
             JournalError::UnknownSession(_) => ErrorCode::UnknownSession,
             JournalError::AlreadyExists(_) => ErrorCode::InvalidRequest,
-            JournalError::Failed(_) => ErrorCode::JournalFailed,
+            JournalError::Failed(_) | JournalError::Corrupt { .. } => ErrorCode::JournalFailed,
         }
     }
 }
@@ -134,6 +159,11 @@ impl fmt::Display for JournalError {
             JournalError::UnknownSession(session) => write!(f, "unknown session {session}"),
             JournalError::AlreadyExists(session) => write!(f, "session {session} already exists"),
             JournalError::Failed(why) => write!(f, "journal failed: {why}"),
+            JournalError::Corrupt { file, offset, why } => write!(
+                f,
+                "journal corrupt: {} at offset {offset}: {why}",
+                file.display()
+            ),
         }
     }
 }
