@@ -426,6 +426,11 @@ impl Session {
             session: self.id.clone(),
             reply,
         })?;
+        // The deletion must be durable before the native state goes: a crash in between must not
+        // bring back a session whose state directory is gone.
+        self.journal
+            .sync()
+            .map_err(|error| ApiError::new(error.code(), error.to_string()))?;
         match std::fs::remove_dir_all(&state_dir) {
             Ok(()) => Ok(()),
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),

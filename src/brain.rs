@@ -7,7 +7,7 @@ use crate::config::{ConfigError, Registrations};
 use crate::datadir::DataDir;
 use crate::dispatch::{Command, Dispatcher, Inputs, Internal};
 use crate::effects::Effects;
-use crate::journal::{Journal, MemoryJournal};
+use crate::journal::{DiskJournal, Journal, MemoryJournal};
 use crate::metrics::Metrics;
 use crate::options::Options;
 use crate::pool::{Pool, StartupRefusal};
@@ -28,6 +28,10 @@ use std::time::Duration;
 /// Where Brain keeps its records.
 #[derive(Clone)]
 pub enum Storage {
+    /// The durable journal in `options.data_dir` (the default): the directory is locked for the
+    /// process's life, its format checked, harness identities bound to it, and sessions recovered
+    /// from it at start.
+    DataDir,
     /// In memory: nothing is written to disk and nothing survives the process. For `brain check`,
     /// tests and benchmarks; harness identities are not bound to any data directory.
     Ephemeral,
@@ -56,7 +60,7 @@ impl Config {
         Config {
             registrations,
             options: Options::default(),
-            storage: Storage::Ephemeral,
+            storage: Storage::DataDir,
             effects: Effects::default(),
         }
     }
@@ -70,6 +74,7 @@ impl fmt::Debug for Config {
             .field(
                 "storage",
                 &match self.storage {
+                    Storage::DataDir => "data directory",
                     Storage::Ephemeral => "ephemeral",
                     Storage::Journal(_) => "journal",
                 },
@@ -87,6 +92,7 @@ pub struct StartError {
 
 #[derive(Debug)]
 enum StartErrorKind {
+    DataDir(crate::datadir::DataDirError),
     Config(ConfigError),
     Refused(StartupRefusal),
     Io(String, std::io::Error),
@@ -97,10 +103,11 @@ impl StartError {
     /// Whether the configuration (registrations, declarations) was refused, as opposed to an
     /// operating-system failure.
     pub fn is_configuration(&self) -> bool {
-        matches!(
-            self.kind,
-            StartErrorKind::Config(_) | StartErrorKind::Refused(_)
-        )
+        match &self.kind {
+            StartErrorKind::Config(_) | StartErrorKind::Refused(_) => true,
+            StartErrorKind::DataDir(error) => error.is_configuration(),
+            StartErrorKind::Io(..) | StartErrorKind::Aborted => false,
+        }
     }
 
     /// The registration at fault, when one is.
@@ -112,7 +119,7 @@ impl StartError {
                 | StartupRefusal::UndeclaredKey { registration, .. }
                 | StartupRefusal::Binding { registration, .. },
             ) => Some(registration),
-            StartErrorKind::Io(..) | StartErrorKind::Aborted => None,
+            StartErrorKind::Io(..) | StartErrorKind::Aborted | StartErrorKind::DataDir(_) => None,
         }
     }
 }
@@ -134,6 +141,7 @@ impl fmt::Display for StartError {
                 "registration {registration:?}: field \"configuration\": key {key:?} is not among the harness's configuration_keys"
             ),
             StartErrorKind::Io(what, error) => write!(f, "{what}: {error}"),
+            StartErrorKind::DataDir(error) => write!(f, "{error}"),
             StartErrorKind::Aborted => f.write_str("startup was aborted by a shutdown"),
         }
     }
@@ -177,6 +185,8 @@ pub struct Brain {
     metrics: Arc<Metrics>,
     /// Every slot's capacity queue, for the queue-depth and slots-in-use gauges.
     queues: Vec<(String, u32, Arc<CapacityQueue<QueueEntry>>)>,
+    /// The durable journal, for its flush counters.
+    disk: Option<Arc<DiskJournal>>,
 }
 
 fn registration_list(
@@ -232,7 +242,24 @@ impl Brain {
         }
         let mut options = config.options;
         options.data_dir = cwd.join(&options.data_dir);
+        let mut disk = None;
         let (journal, datadir): (Arc<dyn Journal>, Option<Arc<DataDir>>) = match config.storage {
+            Storage::DataDir => {
+                let datadir = DataDir::open(&options.data_dir).map_err(|error| StartError {
+                    kind: StartErrorKind::DataDir(error),
+                })?;
+                let journal =
+                    Arc::new(DiskJournal::open(&datadir.journal_dir()).map_err(|error| {
+                        StartError {
+                            kind: StartErrorKind::Io(
+                                "opening the journal".to_owned(),
+                                std::io::Error::other(error.to_string()),
+                            ),
+                        }
+                    })?);
+                disk = Some(journal.clone());
+                (journal, Some(Arc::new(datadir)))
+            }
             Storage::Ephemeral => (Arc::new(MemoryJournal::new()), None),
             Storage::Journal(journal) => (journal, None),
         };
@@ -343,6 +370,7 @@ impl Brain {
             journal,
             metrics,
             queues: gauge_queues,
+            disk,
         };
         match startup.recv() {
             Ok(Ok(())) => Ok(brain),
@@ -412,7 +440,12 @@ impl Brain {
             state_dir,
             reply,
         })?;
-        if let Err(error) = std::fs::create_dir_all(&info.state_dir) {
+        let created = std::os::unix::fs::DirBuilderExt::mode(
+            std::fs::DirBuilder::new().recursive(true),
+            0o700,
+        )
+        .create(&info.state_dir);
+        if let Err(error) = created {
             log::warn!(
                 "session {id}: creating its state directory {} failed: {error}",
                 info.state_dir.display()
@@ -481,7 +514,10 @@ impl Brain {
         self.metrics.render(&crate::metrics::Gauges {
             status: &status,
             queues,
-            journal: None,
+            journal: self.disk.as_ref().map(|disk| {
+                let stats = disk.stats();
+                (stats.flushes, stats.records)
+            }),
         })
     }
 

@@ -103,4 +103,8 @@ impl Journal for WatchedJournal {
     fn sessions(&self) -> Result<Vec<SessionId>, JournalError> {
         self.inner.sessions()
     }
+
+    fn sync(&self) -> Result<(), JournalError> {
+        self.inner.sync()
+    }
 }

@@ -152,9 +152,9 @@ fn cancelling_a_queued_activation_never_reaches_the_harness() {
 #[test]
 fn a_cooperative_cancel_interrupts_the_session() {
     let brain = start(vec![fault("c", &[])], options("cancel-running"));
-    let session = create(&brain, "c", json!({"fault": "hang"}));
+    let session = create(&brain, "c", json!({"fault": "hang", "announce": true}));
     let activation = session.send(text("long")).unwrap();
-    wait_for_record(&session, "activation_started");
+    wait_for_record(&session, "event_emitted");
     assert!(session.cancel().unwrap().was_running);
     let outcome = wait(&activation);
     assert_eq!(outcome.outcome, OutcomeKind::Cancelled);
@@ -170,9 +170,13 @@ fn a_cooperative_cancel_interrupts_the_session() {
 fn a_harness_ignoring_cancel_is_killed_and_only_its_worker_is_affected() {
     let brain = start(vec![fault("w", &[]).workers(2)], options("ignore-cancel"));
     // Placement alternates between the two slots.
-    let stubborn = create(&brain, "w", json!({"fault": "ignore_cancel"}));
-    let other_worker = create(&brain, "w", json!({"fault": "hang"}));
-    let neighbour = create(&brain, "w", json!({"fault": "hang"}));
+    let stubborn = create(
+        &brain,
+        "w",
+        json!({"fault": "ignore_cancel", "announce": true}),
+    );
+    let other_worker = create(&brain, "w", json!({"fault": "hang", "announce": true}));
+    let neighbour = create(&brain, "w", json!({"fault": "hang", "announce": true}));
     let spare = create(&brain, "w", json!({}));
     assert_eq!(stubborn.info().unwrap().worker, 0);
     assert_eq!(other_worker.info().unwrap().worker, 1);
@@ -182,7 +186,7 @@ fn a_harness_ignoring_cancel_is_killed_and_only_its_worker_is_affected() {
     let survivor = other_worker.send(text("x")).unwrap();
     let collateral = neighbour.send(text("x")).unwrap();
     for session in [&stubborn, &other_worker, &neighbour] {
-        wait_for_record(session, "activation_started");
+        wait_for_record(session, "event_emitted");
     }
     stubborn.cancel().unwrap();
     let outcome = wait(&doomed);
@@ -555,10 +559,10 @@ fn outcome_a_fatal_callback_error_overrides_a_successful_answer() {
     let session = create(
         &brain,
         "fatal",
-        json!({"fault": "fatal_then_succeed", "after_cancel": true}),
+        json!({"fault": "fatal_then_succeed", "after_cancel": true, "announce": true}),
     );
     let activation = session.send(text("x")).unwrap();
-    wait_for_record(&session, "activation_started");
+    wait_for_record(&session, "event_emitted");
     session.cancel().unwrap();
     let outcome = wait(&activation);
     // The harness swallowed the fatal `cancelled` and answered with a result: the fatal error,
@@ -573,9 +577,13 @@ fn outcome_a_fatal_callback_error_overrides_a_successful_answer() {
 #[test]
 fn outcome_a_result_after_cancel_is_completed() {
     let brain = start(vec![fault("late", &[])], options("complete-after-cancel"));
-    let session = create(&brain, "late", json!({"fault": "complete_on_cancel"}));
+    let session = create(
+        &brain,
+        "late",
+        json!({"fault": "complete_on_cancel", "announce": true}),
+    );
     let activation = session.send(text("x")).unwrap();
-    wait_for_record(&session, "activation_started");
+    wait_for_record(&session, "event_emitted");
     assert!(session.cancel().unwrap().was_running);
     let outcome = wait(&activation);
     assert_eq!(outcome.outcome, OutcomeKind::Completed, "{outcome:?}");

@@ -44,6 +44,9 @@
 //! - `"slow_calls"`: as `calls`, but waits `delay_ms` (integer) before each callback; a cancel during
 //!   a wait answers error `cancelled` at once.
 //!
+//! With `announce: true` (any mode) the run first emits an event of type `running`, so a host's
+//! test can wait until the run is really executing.
+//!
 //! A `fault` that is not a string or names no mode, and a malformed `calls`, `delay_ms` or target,
 //! fail the run with `harness_error`.
 
@@ -457,6 +460,10 @@ impl Handler for Fault {
                 )));
             }
         };
+        if configuration.get("announce") == Some(&Value::Bool(true)) {
+            // Lets a host's test wait until this run is really executing.
+            activation.call("emit", json!({"type": "running", "data": {}}))?;
+        }
         match mode {
             "echo" => Ok(Some(json!({
                 "echo": activation.params(),

@@ -5,7 +5,9 @@
 use brain::effects::{Effects, ScriptedProvider};
 use brain::protocol::harness::{Block, UserInput};
 use brain::session::{CreateSession, SessionId};
-use brain::{Brain, Config, Options, OutcomeKind, Registration, Registrations, WorkerState};
+use brain::{
+    Brain, Config, Options, OutcomeKind, Registration, Registrations, Storage, WorkerState,
+};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -171,10 +173,12 @@ fn start_brain(
     registrations: Registrations,
     options: Options,
     effects: Effects,
+    storage: Storage,
 ) -> Result<Brain, ExitCode> {
     let mut config = Config::new(registrations);
     config.options = options;
     config.effects = effects;
+    config.storage = storage;
     match Brain::start(config) {
         Ok(brain) => Ok(brain),
         Err(error) if error.is_configuration() => {
@@ -251,7 +255,7 @@ fn run(args: &[String]) -> ExitCode {
         }
     }
     let grace = common.options.cancel_grace;
-    let brain = match start_brain(registrations, common.options, effects) {
+    let brain = match start_brain(registrations, common.options, effects, Storage::DataDir) {
         Ok(brain) => brain,
         Err(code) => return code,
     };
@@ -353,7 +357,13 @@ fn check(args: &[String]) -> ExitCode {
         Err(code) => return code,
     };
     let grace = common.options.cancel_grace;
-    let brain = match start_brain(registrations, common.options, Effects::default()) {
+    // check takes no lock and writes nothing: it is safe beside a running server.
+    let brain = match start_brain(
+        registrations,
+        common.options,
+        Effects::default(),
+        Storage::Ephemeral,
+    ) {
         Ok(brain) => brain,
         Err(code) => return code,
     };

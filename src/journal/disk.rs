@@ -473,6 +473,10 @@ impl Drop for DiskJournal {
 }
 
 impl Journal for DiskJournal {
+    fn sync(&self) -> Result<(), JournalError> {
+        DiskJournal::sync(self)
+    }
+
     fn create(&self, session: &SessionId, record: NewRecord) -> Result<u64, JournalError> {
         if record.kind != RecordKind::SessionCreated {
             return Err(JournalError::Failed(format!(

@@ -246,6 +246,12 @@ pub trait Journal: Send + Sync + 'static {
 
     /// The ids of every existing (created and not deleted) session, in id order.
     fn sessions(&self) -> Result<Vec<SessionId>, JournalError>;
+
+    /// Blocks until everything appended, created or deleted before the call is durable. The
+    /// default (for journals that are durable at once, or never) returns at once.
+    fn sync(&self) -> Result<(), JournalError> {
+        Ok(())
+    }
 }
 
 /// Appends `record` and blocks until it is durable (or failed to be); returns its sequence.
