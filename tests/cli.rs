@@ -243,7 +243,7 @@ fn run_fails_with_exit_one_and_the_error_code() {
         "{}",
         text(&output.stderr)
     );
-    // Continuing a session needs the durable journal: an unknown one is refused.
+    // A session that is not in the data directory is refused.
     let output = brain(&[
         "run",
         "--data-dir",
@@ -259,4 +259,71 @@ fn run_fails_with_exit_one_and_the_error_code() {
         brain(&["run", "--session", "../etc", "x"]).status.code(),
         Some(2)
     );
+}
+
+fn run_in(data: &str, extra: &[&str], message: &str) -> std::process::Output {
+    let mut args = vec!["run", "--data-dir", data];
+    args.extend_from_slice(extra);
+    args.push(message);
+    brain(&args)
+}
+
+#[test]
+fn run_continues_a_session_across_processes_in_one_data_directory() {
+    let data = temp_dir("cli-continue").join("data");
+    let data = data.to_string_lossy();
+    let first = run_in(&data, &["--json"], "one");
+    assert_eq!(first.status.code(), Some(0), "{}", text(&first.stderr));
+    let first: serde_json::Value = serde_json::from_slice(&first.stdout).unwrap();
+    let id = first["session_id"].as_str().unwrap();
+    let second = run_in(&data, &["--json", "--session", id], "two");
+    assert_eq!(second.status.code(), Some(0), "{}", text(&second.stderr));
+    let second: serde_json::Value = serde_json::from_slice(&second.stdout).unwrap();
+    assert_eq!(second["session_id"], id);
+    assert!(second["sequence"].as_u64() > first["sequence"].as_u64());
+    assert_eq!(second["result"]["text"], "two");
+}
+
+#[test]
+fn a_locked_data_directory_refuses_a_second_brain_with_78() {
+    let dir = temp_dir("cli-lock").join("data");
+    let mut config =
+        brain::Config::new(brain::Registrations::from_vec(vec![fault("f", &[])]).unwrap());
+    config.options = fast_options("cli-lock");
+    config.options.data_dir = dir.clone();
+    let holder = brain::Brain::start(config).expect("the first Brain");
+    let output = run_in(&dir.to_string_lossy(), &[], "x");
+    assert_eq!(output.status.code(), Some(78), "{}", text(&output.stderr));
+    assert!(
+        text(&output.stderr).contains("in use"),
+        "{}",
+        text(&output.stderr)
+    );
+    drop(holder);
+    let output = run_in(&dir.to_string_lossy(), &[], "x");
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+}
+
+#[test]
+fn another_state_version_or_format_refuses_startup_with_78() {
+    let data = temp_dir("cli-identity").join("data");
+    let data = data.to_string_lossy().into_owned();
+    let registrations = |version: &str| {
+        serde_json::json!({"f": {"command": FAULT_HARNESS, "args": ["--state-version", version]}})
+            .to_string()
+    };
+    let output = run_in(&data, &["--agentloops", &registrations("1")], "x");
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    let output = run_in(&data, &["--agentloops", &registrations("2")], "x");
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(78), "{stderr}");
+    assert!(
+        stderr.contains("\"1\"") && stderr.contains("\"2\""),
+        "{stderr}"
+    );
+    std::fs::write(format!("{data}/FORMAT"), "brain-data 0\n").unwrap();
+    let output = run_in(&data, &["--agentloops", &registrations("1")], "x");
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(78), "{stderr}");
+    assert!(stderr.contains("new data directory"), "{stderr}");
 }
