@@ -788,3 +788,51 @@ fn an_interrupted_conversation_continues_in_a_new_session_from_its_transcript() 
         .unwrap_err();
     assert_eq!(refused.code.as_str(), "invalid_request");
 }
+
+#[test]
+fn media_and_transcript_imports_follow_the_capabilities() {
+    let brain = start(
+        vec![
+            fault("plain", &[]),
+            fault(
+                "rich",
+                &["--capability", "media", "--capability", "transcript_import"],
+            ),
+        ],
+        options("capabilities"),
+    );
+    let transcript = json!([{"role": "user", "content": [{"type": "text", "text": "earlier"}]}]);
+    let refused = brain
+        .create_session_json(
+            json!({"agentloop": {"name": "plain"}, "transcript": transcript})
+                .to_string()
+                .as_bytes(),
+        )
+        .unwrap_err();
+    assert_eq!(refused.code.as_str(), "unsupported_input");
+    let rich = brain
+        .create_session_json(
+            json!({"agentloop": {"name": "rich"}, "transcript": transcript})
+                .to_string()
+                .as_bytes(),
+        )
+        .unwrap();
+    assert_eq!(rich.transcript().unwrap().0.len(), 1);
+    let image = |url: &str| UserInput {
+        content: vec![Block::Image {
+            url: url.to_owned(),
+        }],
+    };
+    let refused = rich.send(image("http://example.com/cat.png")).unwrap_err();
+    assert_eq!(refused.code.as_str(), "unsupported_input");
+    assert!(refused.message.contains("http"), "{}", refused.message);
+    assert_eq!(
+        wait(&rich.send(image("https://example.com/cat.png")).unwrap()).outcome,
+        OutcomeKind::Completed
+    );
+    let plain = create(&brain, "plain", json!({}));
+    let refused = plain
+        .send(image("https://example.com/cat.png"))
+        .unwrap_err();
+    assert_eq!(refused.code.as_str(), "unsupported_input");
+}

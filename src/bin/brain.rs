@@ -26,6 +26,8 @@ brain run [options] [--agentloop NAME] [--session ID] [--script FILE] [--json] M
   --agentloop NAME           the registration to run (default: the only one, else reference)
   --session ID               continue this session instead of creating one
   --script FILE              a JSON list of model results for the scripted provider
+  --model PROVIDER:NAME      the session's model (default scripted:default); openai and
+                             anthropic need OPENAI_API_KEY / ANTHROPIC_API_KEY in Brain's env
   --json                     print one JSON object: session_id, sequence, outcome, result|error
 
 brain check [options] [--json]
@@ -199,17 +201,28 @@ fn run(args: &[String]) -> ExitCode {
     };
     let (mut json, mut agentloop, mut session, mut script, mut message) =
         (false, None, None, None, None);
+    let mut model = None;
     let mut rest = rest.into_iter();
     while let Some(arg) = rest.next() {
         match arg.as_str() {
             "--json" => json = true,
-            "--agentloop" | "--session" | "--script" => {
+            "--agentloop" | "--session" | "--script" | "--model" => {
                 let Some(value) = rest.next() else {
                     return usage_error(&format!("{arg} needs a value"));
                 };
                 match arg.as_str() {
                     "--agentloop" => agentloop = Some(value),
                     "--session" => session = Some(value),
+                    "--model" => match value.split_once(':') {
+                        Some((provider, name)) if !provider.is_empty() && !name.is_empty() => {
+                            model = Some(serde_json::json!({"provider": provider, "name": name}));
+                        }
+                        _ => {
+                            return usage_error(&format!(
+                                "--model: {value:?} is not PROVIDER:NAME (e.g. openai:gpt-5-mini)"
+                            ));
+                        }
+                    },
                     _ => script = Some(value),
                 }
             }
@@ -259,7 +272,7 @@ fn run(args: &[String]) -> ExitCode {
         Ok(brain) => brain,
         Err(code) => return code,
     };
-    let outcome = turn(&brain, &name, session.as_ref(), &message);
+    let outcome = turn(&brain, &name, model, session.as_ref(), &message);
     brain.shutdown(grace);
     let outcome = match outcome {
         Ok(outcome) => outcome,
@@ -314,17 +327,18 @@ fn run(args: &[String]) -> ExitCode {
 fn turn(
     brain: &Brain,
     agentloop: &str,
+    model: Option<serde_json::Value>,
     session: Option<&SessionId>,
     message: &str,
 ) -> Result<brain::Outcome, brain::ApiError> {
     let session = match session {
         Some(id) => brain.session(id),
         None => {
-            let request = CreateSession::parse(
-                serde_json::json!({"agentloop": {"name": agentloop}})
-                    .to_string()
-                    .as_bytes(),
-            )
+            let mut body = serde_json::json!({"agentloop": {"name": agentloop}});
+            if let Some(model) = model {
+                body["model"] = model;
+            }
+            let request = CreateSession::parse(body.to_string().as_bytes())
             .map_err(|error| brain::ApiError::new(error.code, error.message))?;
             brain.create_session(request)?
         }
