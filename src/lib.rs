@@ -20,6 +20,7 @@ pub mod datadir;
 mod dispatch;
 pub mod effects;
 pub mod harness;
+pub mod http;
 pub mod journal;
 mod metrics;
 mod options;

@@ -1,0 +1,236 @@
+//! The accept thread: owns the listener and every idle connection, waits in `poll(2)`, and hands
+//! a connection to the workers once it has bytes to read.
+
+use super::response::Response;
+use super::server::{Conn, Shared};
+use crossbeam_channel::{Receiver, Sender, TrySendError};
+use nix::errno::Errno;
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use std::io::{ErrorKind, Read};
+use std::net::{TcpListener, TcpStream};
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long accepting pauses after an error such as running out of file descriptors.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// How long the answer to a refused connection may take to write.
+const REFUSE_WRITE_TIMEOUT: Duration = Duration::from_millis(200);
+
+pub(crate) struct Poller {
+    listener: TcpListener,
+    wakee: UnixStream,
+    returned: Receiver<Conn>,
+    work: Sender<Conn>,
+    shared: Arc<Shared>,
+    /// Idle connections and when each is closed if nothing arrives.
+    idle: Vec<(Conn, Instant)>,
+    /// Accepting is paused until then after an accept error.
+    paused_until: Option<Instant>,
+}
+
+impl Poller {
+    pub(crate) fn new(
+        listener: TcpListener,
+        wakee: UnixStream,
+        returned: Receiver<Conn>,
+        work: Sender<Conn>,
+        shared: Arc<Shared>,
+    ) -> Poller {
+        Poller {
+            listener,
+            wakee,
+            returned,
+            work,
+            shared,
+            idle: Vec::new(),
+            paused_until: None,
+        }
+    }
+
+    /// Runs until the server stops; then drops the listener, the idle connections and the work
+    /// queue's sender (which ends the workers once the queue is empty).
+    pub(crate) fn run(mut self) {
+        while !self.shared.stopping() {
+            self.take_returned();
+            let now = Instant::now();
+            self.idle.retain(|(_, deadline)| *deadline > now);
+            if self.paused_until.is_some_and(|until| until <= now) {
+                self.paused_until = None;
+            }
+            let accepting = self.paused_until.is_none();
+            let ready = match self.wait(now, accepting) {
+                Ok(ready) => ready,
+                Err(error) => {
+                    log::error!("the HTTP accept thread cannot poll: {error}");
+                    break;
+                }
+            };
+            self.drain_wakes();
+            // Hand over ready connections, from the back so that indices stay valid.
+            for index in (0..ready.idle.len()).rev() {
+                if ready.idle[index] {
+                    let (conn, _) = self.idle.swap_remove(index);
+                    self.dispatch(conn);
+                }
+            }
+            if accepting && ready.listener {
+                self.accept_all();
+            }
+        }
+        log::debug!(
+            "the HTTP accept thread stops; closing {} idle connections",
+            self.idle.len()
+        );
+    }
+
+    fn take_returned(&mut self) {
+        while let Ok(conn) = self.returned.try_recv() {
+            if conn.buf.is_empty() {
+                let deadline = Instant::now() + self.shared.options.idle_timeout;
+                self.idle.push((conn, deadline));
+            } else {
+                self.dispatch(conn);
+            }
+        }
+    }
+
+    /// Polls the listener, the waker and the idle connections until one is ready or the next
+    /// idle deadline (or the end of an accept pause) comes.
+    fn wait(&self, now: Instant, accepting: bool) -> nix::Result<Ready> {
+        let mut wake_at = self.idle.iter().map(|(_, deadline)| *deadline).min();
+        if let Some(until) = self.paused_until {
+            wake_at = Some(wake_at.map_or(until, |at| at.min(until)));
+        }
+        let timeout = match wake_at {
+            None => PollTimeout::NONE,
+            Some(at) => {
+                // Round up so that the deadline has passed when poll returns.
+                let millis = at.saturating_duration_since(now).as_millis() + 1;
+                PollTimeout::try_from(millis).unwrap_or(PollTimeout::MAX)
+            }
+        };
+        let readable = PollFlags::POLLIN;
+        let mut fds = Vec::with_capacity(2 + self.idle.len());
+        fds.push(PollFd::new(self.wakee.as_fd(), readable));
+        fds.push(PollFd::new(
+            self.listener.as_fd(),
+            if accepting {
+                readable
+            } else {
+                PollFlags::empty()
+            },
+        ));
+        for (conn, _) in &self.idle {
+            fds.push(PollFd::new(conn.stream.as_fd(), readable));
+        }
+        loop {
+            match poll(&mut fds, timeout) {
+                Ok(_) => break,
+                Err(Errno::EINTR) => continue,
+                Err(error) => return Err(error),
+            }
+        }
+        let fired = |fd: &PollFd| fd.revents().is_some_and(|events| !events.is_empty());
+        Ok(Ready {
+            listener: fired(&fds[1]),
+            idle: fds[2..].iter().map(fired).collect(),
+        })
+    }
+
+    fn drain_wakes(&mut self) {
+        let mut bytes = [0u8; 64];
+        while matches!(self.wakee.read(&mut bytes), Ok(n) if n > 0) {}
+    }
+
+    fn accept_all(&mut self) {
+        loop {
+            match self.listener.accept() {
+                Ok((stream, peer)) => self.admit(stream, peer),
+                Err(error) if error.kind() == ErrorKind::WouldBlock => return,
+                Err(error)
+                    if matches!(
+                        error.kind(),
+                        ErrorKind::Interrupted | ErrorKind::ConnectionAborted
+                    ) => {}
+                Err(error) => {
+                    log::warn!("accepting an HTTP connection failed: {error}; pausing accepts");
+                    self.paused_until = Some(Instant::now() + ACCEPT_BACKOFF);
+                    return;
+                }
+            }
+        }
+    }
+
+    fn admit(&mut self, stream: TcpStream, peer: std::net::SocketAddr) {
+        let configured = stream
+            .set_nonblocking(false)
+            .and_then(|()| stream.set_nodelay(true))
+            .and_then(|()| stream.set_write_timeout(Some(self.shared.options.write_timeout)));
+        if let Err(error) = configured {
+            log::debug!("configuring the connection from {peer} failed: {error}");
+            return;
+        }
+        let Some(open) = self.shared.connections.try_acquire() else {
+            let max = self.shared.connections.max();
+            refuse(
+                &self.shared,
+                &stream,
+                Response::overloaded(format!(
+                    "the server has {max} open connections, its limit; retry later"
+                )),
+            );
+            return;
+        };
+        // A new connection waits here for its first request like an idle one, but only as long as
+        // a request may take.
+        let deadline = Instant::now() + self.shared.options.read_timeout;
+        self.idle.push((Conn::new(stream, peer, open), deadline));
+    }
+
+    /// Queues a connection with a request ready for the workers; when the queue is full it is
+    /// answered `503 overloaded` at once.
+    fn dispatch(&mut self, conn: Conn) {
+        match self.work.try_send(conn) {
+            Ok(()) => {}
+            Err(TrySendError::Full(conn)) => refuse(
+                &self.shared,
+                &conn.stream,
+                Response::overloaded("every HTTP worker is busy; retry later"),
+            ),
+            Err(TrySendError::Disconnected(_)) => {}
+        }
+    }
+}
+
+/// Which of the polled descriptors are ready.
+struct Ready {
+    listener: bool,
+    idle: Vec<bool>,
+}
+
+/// Answers a connection at once without reading its request and closes it. Never blocks long:
+/// what has arrived is discarded without waiting (so that closing does not reset the answer away),
+/// and the write is bounded by a short timeout.
+fn refuse(shared: &Shared, stream: &TcpStream, response: Response) {
+    shared.counters.responded(response.status);
+    if stream.set_nonblocking(true).is_ok() {
+        let mut chunk = [0u8; 8192];
+        let mut reader = stream;
+        for _ in 0..8 {
+            if !matches!(reader.read(&mut chunk), Ok(n) if n > 0) {
+                break;
+            }
+        }
+    }
+    let written = stream
+        .set_nonblocking(false)
+        .and_then(|()| stream.set_write_timeout(Some(REFUSE_WRITE_TIMEOUT)))
+        .and_then(|()| response.write_to(stream, false));
+    if let Err(error) = written {
+        log::debug!("answering a refused connection failed: {error}");
+    }
+    let _ = stream.shutdown(std::net::Shutdown::Write);
+}
