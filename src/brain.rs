@@ -536,20 +536,35 @@ impl Brain {
         self.stop(grace);
     }
 
+    /// Shuts down as PROTOCOL.md §12 says: new sessions and activations are refused
+    /// (`shutting_down`) and readiness fails at once; queued activations end `cancelled`
+    /// (`shutting_down`); running ones may finish within `drain`, their callbacks still served;
+    /// what still runs then is cancelled (and its worker killed one cancel grace later if it does
+    /// not answer); then every worker is sent `shutdown` and killed `grace` later if still there.
+    /// Blocks until every worker is reaped. Calling it again while it waits — from another thread,
+    /// e.g. on a second signal — skips whatever wait is left.
+    pub fn shutdown_after(&self, drain: Duration, grace: Duration) {
+        self.stop_with(drain, grace);
+    }
+
     fn stop(&self, grace: Duration) {
-        let Some(dispatcher) = self.dispatcher.lock().take() else {
-            return;
-        };
+        self.stop_with(Duration::ZERO, grace);
+    }
+
+    fn stop_with(&self, drain: Duration, grace: Duration) {
         let (done, finished) = crossbeam_channel::bounded::<()>(0);
         if self
             .commands
-            .send(Command::Shutdown { grace, done })
+            .send(Command::Shutdown { drain, grace, done })
             .is_ok()
         {
             // Returns when the dispatcher drops `done`, i.e. when it has stopped.
             let _ = finished.recv();
         }
-        if dispatcher.join().is_err() {
+        let dispatcher = self.dispatcher.lock().take();
+        if let Some(dispatcher) = dispatcher
+            && dispatcher.join().is_err()
+        {
             log::error!("the dispatcher thread panicked");
         }
     }

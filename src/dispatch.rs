@@ -31,8 +31,14 @@ type Reply<T> = Sender<Result<T, ApiError>>;
 /// Requests from API callers to the dispatcher. Each carries the channel its answer goes to.
 #[derive(Debug)]
 pub(crate) enum Command {
-    /// Stop: cancel what runs, stop every worker, end the loop; `done` is dropped at the end.
-    Shutdown { grace: Duration, done: Sender<()> },
+    /// Stop: refuse new work, let running activations finish within `drain`, cancel what still
+    /// runs, stop every worker (killing each `grace` after its `shutdown`), end the loop; `done` is
+    /// dropped at the end. A second request skips whatever wait is left.
+    Shutdown {
+        drain: Duration,
+        grace: Duration,
+        done: Sender<()>,
+    },
     /// Create a session (already parsed and validated by the caller).
     Create {
         id: SessionId,
@@ -170,15 +176,15 @@ impl Dispatcher {
                     Err(_) => break,
                 },
                 recv(commands) -> command => match command {
-                    Ok(Command::Shutdown { grace, done }) => {
+                    Ok(Command::Shutdown { drain, grace, done }) => {
                         shutdown_waiters.push(done);
-                        self.begin_shutdown(grace);
+                        self.begin_shutdown(drain, grace);
                     }
                     Ok(command) => self.on_command(command),
                     Err(_) => {
                         // Every handle is gone without a shutdown: stop at once.
                         commands = never();
-                        self.begin_shutdown(Duration::ZERO);
+                        self.begin_shutdown(Duration::ZERO, Duration::ZERO);
                     }
                 },
                 recv(events) -> event => match event {
@@ -239,6 +245,11 @@ impl Dispatcher {
             Deadline::ShutdownProceed => {
                 if self.stopping.as_ref().is_some_and(|s| !s.workers_stopped) {
                     self.stop_workers();
+                }
+            }
+            Deadline::DrainExpired => {
+                if self.stopping.as_ref().is_some_and(|s| !s.workers_stopped) {
+                    self.cancel_and_proceed();
                 }
             }
             other => self.pool.on_deadline(other),
@@ -310,9 +321,12 @@ impl Dispatcher {
 
     /// Begins shutdown: refuse new work, end queued activations, cancel running ones, and stop
     /// the workers once nothing runs (or one cancel grace later).
-    fn begin_shutdown(&mut self, grace: Duration) {
+    fn begin_shutdown(&mut self, drain: Duration, grace: Duration) {
         if self.stopping.is_some() {
-            // A second request skips the wait.
+            // A second request skips the drain and the grace: stop the workers now.
+            if let Some(stopping) = &mut self.stopping {
+                stopping.grace = Duration::ZERO;
+            }
             self.stop_workers();
             return;
         }
@@ -320,16 +334,26 @@ impl Dispatcher {
             grace,
             workers_stopped: false,
         });
+        self.pool.mark_shutting_down();
         self.end_queued_for_shutdown();
         if grace.is_zero() {
             self.stop_workers();
+        } else if drain.is_zero() || self.nothing_running() {
+            self.cancel_and_proceed();
         } else {
-            self.cancel_all_running();
-            self.timer.at(
-                std::time::Instant::now() + self.options.cancel_grace,
-                Deadline::ShutdownProceed,
-            );
+            log::info!("shutting down: draining running activations for at most {drain:?}");
+            self.timer
+                .at(std::time::Instant::now() + drain, Deadline::DrainExpired);
         }
+    }
+
+    /// Cancels what still runs and stops the workers once it has ended, or one cancel grace later.
+    fn cancel_and_proceed(&mut self) {
+        self.cancel_all_running();
+        self.timer.at(
+            std::time::Instant::now() + self.options.cancel_grace,
+            Deadline::ShutdownProceed,
+        );
     }
 
     fn stop_workers(&mut self) {

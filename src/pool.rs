@@ -50,6 +50,8 @@ pub(crate) enum Deadline {
     Wall { session: SessionId, sequence: u64 },
     /// Shutdown waited long enough for running activations; stop the workers now.
     ShutdownProceed,
+    /// The shutdown drain window is over: cancel what still runs.
+    DrainExpired,
     /// The worker must have answered `initialize` by now.
     Initialize(WorkerKey),
     /// Stdout closed this long ago and the process has not exited: kill it.
@@ -547,7 +549,8 @@ impl Pool {
             Deadline::CancelGrace { .. }
             | Deadline::FatalGrace { .. }
             | Deadline::Wall { .. }
-            | Deadline::ShutdownProceed => {
+            | Deadline::ShutdownProceed
+            | Deadline::DrainExpired => {
                 log::error!("the pool was handed a session deadline: {deadline:?}");
             }
             Deadline::ShutdownKill(key) => {
@@ -929,6 +932,12 @@ impl Pool {
     }
 
     // ----- shutdown -----
+
+    /// Readiness fails from now on; nothing else changes yet.
+    pub(crate) fn mark_shutting_down(&mut self) {
+        self.shutting_down = true;
+        self.publish();
+    }
 
     /// Begins shutdown: healthy workers get `shutdown` (and are killed after the grace if they
     /// are still there), starting workers are killed, nothing is respawned any more.

@@ -836,3 +836,88 @@ fn media_and_transcript_imports_follow_the_capabilities() {
         .unwrap_err();
     assert_eq!(refused.code.as_str(), "unsupported_input");
 }
+
+#[test]
+fn shutdown_drains_running_activations_with_their_callbacks_served() {
+    let brain = Arc::new(start(
+        vec![fault("drain", &[]).max_concurrency(1)],
+        options("drain"),
+    ));
+    let calls = json!([{"method": "kv.put", "input": {"key": "k", "value": 1}}]);
+    let finishing = create(
+        &brain,
+        "drain",
+        json!({"fault": "slow_calls", "delay_ms": 300, "calls": calls, "announce": true}),
+    );
+    let queued = create(&brain, "drain", json!({}));
+    let running = finishing.send(text("x")).unwrap();
+    wait_for_record(&finishing, "event_emitted");
+    let waiting = queued.send(text("y")).unwrap();
+    let stopper = {
+        let brain = brain.clone();
+        std::thread::spawn(move || {
+            brain.shutdown_after(Duration::from_secs(20), Duration::from_secs(5))
+        })
+    };
+    brain
+        .wait_for(WAIT, |s| s.shutting_down)
+        .expect("readiness fails at once");
+    assert!(!brain.ready());
+    assert_eq!(
+        queued.send(text("z")).unwrap_err().code.as_str(),
+        "shutting_down"
+    );
+    // The running activation finishes normally: its callback is still served during the drain.
+    let outcome = wait(&running);
+    assert_eq!(outcome.outcome, OutcomeKind::Completed, "{outcome:?}");
+    assert_eq!(
+        outcome.result.unwrap()["answers"][0]["sequence"].is_u64(),
+        true
+    );
+    assert_eq!(error_code(&wait(&waiting)), "shutting_down");
+    stopper.join().unwrap();
+}
+
+#[test]
+fn shutdown_cancels_what_outlives_the_drain_and_a_second_request_skips_the_wait() {
+    let brain = Arc::new(start(vec![fault("drain", &[])], options("drain-expired")));
+    let stubborn = create(&brain, "drain", json!({"fault": "hang", "announce": true}));
+    let running = stubborn.send(text("x")).unwrap();
+    wait_for_record(&stubborn, "event_emitted");
+    let began = std::time::Instant::now();
+    brain.shutdown_after(Duration::from_millis(200), Duration::from_secs(5));
+    let outcome = wait(&running);
+    assert_eq!(outcome.outcome, OutcomeKind::Cancelled);
+    assert!(began.elapsed() >= Duration::from_millis(200));
+
+    // A harness ignoring both cancel and shutdown: a second request ends the waits at once.
+    let brain = Arc::new(start(
+        vec![fault("deaf", &["--ignore-shutdown"])],
+        options("second-signal"),
+    ));
+    let deaf = create(
+        &brain,
+        "deaf",
+        json!({"fault": "ignore_cancel", "announce": true}),
+    );
+    let running = deaf.send(text("x")).unwrap();
+    wait_for_record(&deaf, "event_emitted");
+    let first = {
+        let brain = brain.clone();
+        std::thread::spawn(move || {
+            brain.shutdown_after(Duration::from_secs(60), Duration::from_secs(60))
+        })
+    };
+    brain
+        .wait_for(WAIT, |s| s.shutting_down)
+        .expect("shutting down");
+    let began = std::time::Instant::now();
+    brain.shutdown_after(Duration::from_secs(60), Duration::from_secs(60));
+    first.join().unwrap();
+    assert!(
+        began.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        began.elapsed()
+    );
+    assert_eq!(wait(&running).outcome, OutcomeKind::Failed);
+}
