@@ -870,10 +870,7 @@ fn shutdown_drains_running_activations_with_their_callbacks_served() {
     // The running activation finishes normally: its callback is still served during the drain.
     let outcome = wait(&running);
     assert_eq!(outcome.outcome, OutcomeKind::Completed, "{outcome:?}");
-    assert_eq!(
-        outcome.result.unwrap()["answers"][0]["sequence"].is_u64(),
-        true
-    );
+    assert!(outcome.result.unwrap()["answers"][0]["sequence"].is_u64());
     assert_eq!(error_code(&wait(&waiting)), "shutting_down");
     stopper.join().unwrap();
 }
