@@ -339,7 +339,7 @@ fn turn(
                 body["model"] = model;
             }
             let request = CreateSession::parse(body.to_string().as_bytes())
-            .map_err(|error| brain::ApiError::new(error.code, error.message))?;
+                .map_err(|error| brain::ApiError::new(error.code, error.message))?;
             brain.create_session(request)?
         }
     };
