@@ -327,3 +327,102 @@ fn another_state_version_or_format_refuses_startup_with_78() {
     assert_eq!(output.status.code(), Some(78), "{stderr}");
     assert!(stderr.contains("new data directory"), "{stderr}");
 }
+
+/// Starts `brain serve` on an ephemeral port; returns the child and its address.
+fn serve(data: &str, extra: &[&str]) -> (std::process::Child, String) {
+    use std::io::BufRead;
+    let mut child = Command::new(BRAIN)
+        .args(["serve", "--data-dir", data, "--listen", "127.0.0.1:0"])
+        .args(extra)
+        .env_remove("BRAIN_AGENTLOOPS")
+        .env("RUST_LOG", "info")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn brain serve");
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = crossbeam_channel::unbounded();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(line);
+        }
+    });
+    loop {
+        let Ok(line) = rx.recv_timeout(WAIT) else {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("brain serve did not log where it listens");
+        };
+        if let Some(rest) = line.split("serving on http://").nth(1) {
+            let address = rest.split_whitespace().next().unwrap().to_owned();
+            return (child, address);
+        }
+    }
+}
+
+/// Waits (bounded by WAIT) for the child to exit; returns its exit code.
+fn wait_exit(mut child: std::process::Child) -> Option<i32> {
+    let pid = child.id();
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait().map(|status| status.code()));
+    });
+    match rx.recv_timeout(WAIT) {
+        Ok(status) => status.expect("wait for brain serve"),
+        Err(_) => {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            panic!("brain serve did not exit within {WAIT:?}");
+        }
+    }
+}
+
+#[test]
+fn serve_answers_probes_and_clients_and_stops_cleanly_on_sigterm() {
+    let data = temp_dir("cli-serve").join("data");
+    let data_arg = data.to_string_lossy().into_owned();
+    let (child, address) = serve(&data_arg, &[]);
+    assert_eq!(
+        brain(&["ready", "--listen", &address]).status.code(),
+        Some(0)
+    );
+    let list = brain(&[
+        "sessions",
+        "--listen",
+        &address,
+        "--data-dir",
+        &data_arg,
+        "list",
+    ]);
+    assert_eq!(list.status.code(), Some(0), "{}", text(&list.stderr));
+    let listed: serde_json::Value = serde_json::from_slice(&list.stdout).unwrap();
+    assert_eq!(listed, serde_json::json!({"sessions": []}));
+    let token = std::fs::read_to_string(data.join("operator.token")).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(data.join("operator.token"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+    assert!(!token.trim().is_empty());
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    assert_eq!(wait_exit(child), Some(0));
+    // The lock was released: another Brain can use the directory.
+    let output = run_in(&data_arg, &[], "after");
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    // And the probe now fails.
+    assert_eq!(
+        brain(&["ready", "--listen", &address]).status.code(),
+        Some(1)
+    );
+}

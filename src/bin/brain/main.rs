@@ -2,6 +2,9 @@
 //!
 //! Exit codes are a contract: 0 ok, 1 not ready / failed, 2 usage, 78 configuration refused.
 
+mod client;
+mod serve;
+
 use brain::effects::{Effects, ScriptedProvider};
 use brain::protocol::harness::{Block, UserInput};
 use brain::session::{CreateSession, SessionId};
@@ -17,6 +20,11 @@ const USAGE: &str = "\
 usage: brain <command> [options]
 
 commands:
+  serve     run the server: the HTTP API over a durable Brain; SIGTERM/SIGINT drain, a second
+            signal skips the drain
+  ready     exit 0 when the server at --listen is ready (a probe)
+  sessions  list | show ID | events ID [AFTER] | cancel ID | close ID | delete ID, against the
+            server at --listen (token from BRAIN_API_TOKEN or <data-dir>/operator.token)
   run       start Brain, create a session (or continue --session), send MESSAGE, print the
             activation's result or error, stop. Exit 0 completed, 1 failed or cancelled.
   check     validate registrations, start every worker, report each, stop them
@@ -29,6 +37,13 @@ brain run [options] [--agentloop NAME] [--session ID] [--script FILE] [--json] M
   --model PROVIDER:NAME      the session's model (default scripted:default); openai and
                              anthropic need OPENAI_API_KEY / ANTHROPIC_API_KEY in Brain's env
   --json                     print one JSON object: session_id, sequence, outcome, result|error
+
+brain serve [options] [--listen ADDR] [--drain DURATION] [--script FILE] [--log-format json]
+  --listen ADDR              where to serve (default 127.0.0.1:3210)
+  --drain DURATION           how long running activations may finish at shutdown (default 30s)
+
+brain ready [--listen ADDR]
+brain sessions [--listen ADDR] [--data-dir DIR] SUBCOMMAND ...
 
 brain check [options] [--json]
   --json                     print the report as JSON
@@ -57,6 +72,9 @@ fn main() -> ExitCode {
     match args.first().map(String::as_str) {
         Some("check") => check(&args[1..]),
         Some("run") => run(&args[1..]),
+        Some("serve") => serve_command(&args[1..]),
+        Some("ready") => ready_command(&args[1..]),
+        Some("sessions") => sessions_command(&args[1..]),
         Some("-h" | "--help" | "help") => {
             print!("{USAGE}");
             ExitCode::SUCCESS
@@ -72,11 +90,170 @@ fn usage_error(message: &str) -> ExitCode {
 }
 
 fn init_logging(default: &str) {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(default))
+    init_logging_as(default, false);
+}
+
+/// Logs to stderr through env_logger (`RUST_LOG`); `json` writes one JSON object a line.
+fn init_logging_as(default: &str, json: bool) {
+    let mut builder =
+        env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(default));
+    builder
         .format_timestamp_millis()
         // The HTTP client's protocol layer dumps raw requests (provider keys included) at trace.
-        .filter_module("ureq_proto", log::LevelFilter::Debug)
-        .init();
+        .filter_module("ureq_proto", log::LevelFilter::Debug);
+    if json {
+        builder.format(|out, record| {
+            use std::io::Write;
+            let millis = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis());
+            let line = serde_json::json!({
+                "ts_ms": millis as u64,
+                "level": record.level().as_str(),
+                "target": record.target(),
+                "thread": std::thread::current().name().unwrap_or(""),
+                "message": record.args().to_string(),
+            });
+            writeln!(out, "{line}")
+        });
+    }
+    builder.init();
+}
+
+/// Starts Brain from a full configuration or reports why not, as an exit code.
+fn start_config(config: Config) -> Result<Brain, ExitCode> {
+    match Brain::start(config) {
+        Ok(brain) => Ok(brain),
+        Err(error) if error.is_configuration() => {
+            eprintln!("brain: configuration refused: {error}");
+            Err(ExitCode::from(EXIT_CONFIG))
+        }
+        Err(error) => {
+            eprintln!("brain: {error}");
+            Err(ExitCode::FAILURE)
+        }
+    }
+}
+
+const DEFAULT_LISTEN: &str = "127.0.0.1:3210";
+
+fn serve_command(args: &[String]) -> ExitCode {
+    let (common, rest) = match parse_common(args) {
+        Ok(parsed) => parsed,
+        Err(message) => return usage_error(&message),
+    };
+    let (mut listen, mut drain, mut script, mut json_logs) = (
+        DEFAULT_LISTEN.to_owned(),
+        Duration::from_secs(30),
+        None,
+        false,
+    );
+    let mut rest = rest.into_iter();
+    while let Some(arg) = rest.next() {
+        match arg.as_str() {
+            "--listen" | "--drain" | "--script" | "--log-format" => {
+                let Some(value) = rest.next() else {
+                    return usage_error(&format!("{arg} needs a value"));
+                };
+                match arg.as_str() {
+                    "--listen" => listen = value,
+                    "--drain" => match duration(&arg, &value) {
+                        Ok(value) => drain = value,
+                        Err(message) => return usage_error(&message),
+                    },
+                    "--script" => script = Some(value),
+                    _ => match value.as_str() {
+                        "json" => json_logs = true,
+                        "text" => json_logs = false,
+                        other => {
+                            return usage_error(&format!(
+                                "--log-format: {other:?} is not json or text"
+                            ));
+                        }
+                    },
+                }
+            }
+            "-h" | "--help" => {
+                print!("{USAGE}");
+                return ExitCode::SUCCESS;
+            }
+            other => return usage_error(&format!("serve: unknown argument {other:?}")),
+        }
+    }
+    init_logging_as("info", json_logs);
+    let registrations = match registrations(common.agentloops.as_deref()) {
+        Ok(registrations) => registrations,
+        Err(code) => return code,
+    };
+    let effects = match effects_with_script(script.as_deref()) {
+        Ok(effects) => effects,
+        Err(code) => return code,
+    };
+    let mut config = Config::new(registrations);
+    config.options = common.options;
+    config.effects = effects;
+    config.storage = Storage::DataDir;
+    serve::serve(serve::Serve {
+        config,
+        listen,
+        drain,
+    })
+}
+
+fn listen_and_rest(args: &[String]) -> Result<(String, std::path::PathBuf, Vec<String>), String> {
+    let (mut listen, mut data_dir, mut rest) = (
+        DEFAULT_LISTEN.to_owned(),
+        std::path::PathBuf::from("brain-data"),
+        Vec::new(),
+    );
+    let mut args = args.iter();
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--listen" => listen = args.next().ok_or("--listen needs a value")?.clone(),
+            "--data-dir" => {
+                data_dir = std::path::PathBuf::from(args.next().ok_or("--data-dir needs a value")?)
+            }
+            _ => rest.push(arg.clone()),
+        }
+    }
+    Ok((listen, data_dir, rest))
+}
+
+fn ready_command(args: &[String]) -> ExitCode {
+    match listen_and_rest(args) {
+        Ok((listen, _, rest)) if rest.is_empty() => client::ready(&listen),
+        Ok((_, _, rest)) => usage_error(&format!("ready: unknown argument {:?}", rest[0])),
+        Err(message) => usage_error(&message),
+    }
+}
+
+fn sessions_command(args: &[String]) -> ExitCode {
+    let (listen, data_dir, rest) = match listen_and_rest(args) {
+        Ok(parsed) => parsed,
+        Err(message) => return usage_error(&message),
+    };
+    match client::sessions(&listen, &data_dir, &rest) {
+        Ok(code) => code,
+        Err(message) => {
+            eprintln!("brain: {message}");
+            ExitCode::from(EXIT_USAGE)
+        }
+    }
+}
+
+/// The default effects, the providers whose keys are set, and `--script` when given.
+fn effects_with_script(script: Option<&str>) -> Result<Effects, ExitCode> {
+    let effects = Effects::default().with_env_providers();
+    match script {
+        None => Ok(effects),
+        Some(script) => match ScriptedProvider::load(script) {
+            Ok(provider) => Ok(effects.with_provider("scripted", Arc::new(provider))),
+            Err(why) => {
+                eprintln!("brain: configuration refused: --script: {why}");
+                Err(ExitCode::from(EXIT_CONFIG))
+            }
+        },
+    }
 }
 
 /// Options shared by the commands that start workers.
@@ -257,16 +434,10 @@ fn run(args: &[String]) -> ExitCode {
         },
         None => "reference".to_owned(),
     };
-    let mut effects = Effects::default().with_env_providers();
-    if let Some(script) = script {
-        match ScriptedProvider::load(&script) {
-            Ok(provider) => effects = effects.with_provider("scripted", Arc::new(provider)),
-            Err(why) => {
-                eprintln!("brain: configuration refused: --script: {why}");
-                return ExitCode::from(EXIT_CONFIG);
-            }
-        }
-    }
+    let effects = match effects_with_script(script.as_deref()) {
+        Ok(effects) => effects,
+        Err(code) => return code,
+    };
     let grace = common.options.cancel_grace;
     let brain = match start_brain(registrations, common.options, effects, Storage::DataDir) {
         Ok(brain) => brain,
