@@ -37,6 +37,9 @@
 //! - **Descriptors.** One write descriptor (the active segment), and a small cache of read-only
 //!   descriptors ([`DiskJournalOptions::read_descriptors`], default 4) for reads: never one per
 //!   session.
+//! - **Read-only.** [`DiskJournal::open_read_only`] scans the directory the same way but writes
+//!   nothing and starts no writer: it serves the records that were complete when it opened, even
+//!   while another process keeps appending to the directory.
 
 use super::frame::{self, Address, FrameType, SEGMENT_HEADER_LEN};
 use super::recover::{self, Tail};
@@ -142,10 +145,11 @@ pub struct CompactionReport {
 /// or a later read found damaged is refused by every method with [`JournalError::Corrupt`]
 /// naming the file and offset (it is still listed by [`Journal::sessions`] and may be deleted);
 /// and after a failed write or flush, `create`, `append` and `delete` fail with
-/// [`JournalError::Failed`] (reads keep working). Methods other than [`DiskJournal::open`],
-/// [`DiskJournal::sync`] and [`DiskJournal::compact`] never wait for a flush; `read`,
-/// `pending_events`, `view` and `kv_get` may read the session's records from disk (holding only
-/// that session's lock).
+/// [`JournalError::Failed`] (reads keep working, and [`Journal::failure`] says why). A journal
+/// opened with [`DiskJournal::open_read_only`] refuses every write. Methods other than
+/// [`DiskJournal::open`], [`DiskJournal::sync`] and [`DiskJournal::compact`] never wait for a
+/// flush; `read`, `pending_events`, `view` and `kv_get` may read the session's records from disk
+/// (holding only that session's lock).
 ///
 /// Dropping the journal lets the writer write and flush everything already appended (running
 /// its callbacks) and waits for it.
@@ -158,6 +162,8 @@ pub struct DiskJournal {
 struct Shared {
     dir: PathBuf,
     options: DiskJournalOptions,
+    /// Opened with [`DiskJournal::open_read_only`]: nothing is ever written.
+    read_only: bool,
     sessions: RwLock<HashMap<SessionId, Arc<Mutex<Session>>>>,
     log: Mutex<Log>,
     /// The position up to which frames are written (readable through the page cache).
@@ -262,81 +268,29 @@ impl DiskJournal {
         let created_dir = prepare_dir(dir)?;
         let ids = recover::list_segments(dir)?;
         let recovered = recover::scan(dir, &ids)?;
-        let (current, segment, offset) = match recovered.tail {
+        let current = match recovered.tail {
             Tail::Append { segment, end } => {
                 let path = segment::path(dir, segment);
                 let file = OpenOptions::new()
                     .write(true)
                     .open(&path)
                     .map_err(|e| io_failure("opening", &path, &e))?;
-                let end = u64::from(end);
-                (
-                    Some(Current {
-                        id: segment,
-                        file,
-                        end,
-                    }),
-                    segment,
-                    end,
-                )
+                Some(Current {
+                    id: segment,
+                    file,
+                    end: u64::from(end),
+                })
             }
-            Tail::Fresh { segment } => (None, segment, SEGMENT_HEADER_LEN),
+            Tail::Fresh { .. } => None,
         };
-        let refused = recovered
-            .sessions
-            .values()
-            .filter(|s| s.refused.is_some())
-            .count();
-        let sessions: HashMap<SessionId, Arc<Mutex<Session>>> = recovered
-            .sessions
-            .into_iter()
-            .map(|(id, found)| {
-                let session = Session {
-                    id: id.clone(),
-                    locs: found.locs,
-                    last_stamp: found.last_stamp,
-                    unwritten: VecDeque::new(),
-                    loaded: None,
-                    refused: found.refused,
-                    deleted: false,
-                };
-                (id, Arc::new(Mutex::new(session)))
-            })
-            .collect();
-        log::info!(
-            "journal: opened {} ({} sessions, {refused} of them unreadable, {} segments)",
-            dir.display(),
-            sessions.len(),
-            ids.len()
-        );
         let (sender, receiver) = crossbeam_channel::unbounded();
-        let counters = Counters::default();
+        let shared = Arc::new(Shared::new(dir, options, &ids, recovered, Some(sender)));
         if created_dir {
-            counters.directory_syncs.fetch_add(1, Ordering::Relaxed);
+            shared
+                .counters
+                .directory_syncs
+                .fetch_add(1, Ordering::Relaxed);
         }
-        let shared = Arc::new(Shared {
-            dir: dir.to_path_buf(),
-            options,
-            sessions: RwLock::new(sessions),
-            log: Mutex::new(Log {
-                segment,
-                offset,
-                last_end: recovered.end,
-                table: recovered.table,
-                sender: Some(sender),
-            }),
-            written: AtomicU64::new(recovered.end),
-            durable: AtomicU64::new(recovered.end),
-            waiters: Mutex::new(Waiters {
-                pending: BTreeMap::new(),
-                failed: None,
-            }),
-            failed: AtomicBool::new(false),
-            readers: Mutex::new(Vec::new()),
-            loaded: Mutex::new(VecDeque::new()),
-            loaded_count: AtomicUsize::new(0),
-            counters,
-        });
         let writer = thread::Builder::new()
             .name("brain-journal".to_owned())
             .spawn({
@@ -350,9 +304,57 @@ impl DiskJournal {
         })
     }
 
+    /// Opens the existing journal directory `dir` for reading only, with default options: for
+    /// inspecting a journal offline, or beside a running Brain that holds the directory.
+    ///
+    /// Writes nothing, ever: it creates no directory or file, truncates nothing, starts no
+    /// writer thread and flushes nothing. It scans the segments as [`DiskJournal::open`] does,
+    /// except that an incomplete frame at the end of the last segment — a crash's torn tail, or
+    /// a frame another process is writing right now — is simply where the log ends, not
+    /// corruption. It therefore sees what was complete in the files when it read them: every
+    /// durable record, and perhaps records a live writer has written but not yet flushed.
+    /// Records appended afterwards are not seen (open again to see them). If another process
+    /// compacts the directory during the scan, the scan starts over.
+    ///
+    /// `sessions`, `read`, `pending_events`, `view` and `kv_get` work as on a read-write
+    /// journal. `create`, `append`, `delete` and [`DiskJournal::compact`] fail with
+    /// [`JournalError::Failed`]`("read-only")`, and so does every [`Journal::on_durable`]
+    /// callback (this handle cannot tell whether another process has flushed a record);
+    /// [`DiskJournal::sync`] returns at once (nothing was appended through it), and
+    /// [`Journal::failure`] is `None`.
+    ///
+    /// Fails with [`JournalError::Failed`] naming `dir` if it is missing or not a directory, on
+    /// any I/O error, and on a segment of another format version. A later read of a record
+    /// whose segment another process has removed since (compaction: the session was deleted)
+    /// fails with [`JournalError::Failed`].
+    pub fn open_read_only(dir: &Path) -> Result<DiskJournal, JournalError> {
+        let options = DiskJournalOptions::default().clamped();
+        match std::fs::metadata(dir) {
+            Ok(meta) if meta.is_dir() => {}
+            Ok(_) => {
+                return Err(JournalError::Failed(format!(
+                    "the journal {} is not a directory",
+                    dir.display()
+                )));
+            }
+            Err(e) => return Err(io_failure("opening the journal", dir, &e)),
+        }
+        let (ids, recovered) = recover::scan_read_only(dir)?;
+        Ok(DiskJournal {
+            shared: Arc::new(Shared::new(dir, options, &ids, recovered, None)),
+            writer: None,
+        })
+    }
+
     /// Blocks until every record, creation and deletion appended before the call is durable.
     /// Fails with [`JournalError::Failed`] if the journal failed before that.
+    ///
+    /// On a journal opened with [`DiskJournal::open_read_only`] it returns `Ok` at once: nothing
+    /// can have been appended through it.
     pub fn sync(&self) -> Result<(), JournalError> {
+        if self.shared.read_only {
+            return Ok(());
+        }
         let end = self.shared.log.lock().last_end;
         let (sender, receiver) = crossbeam_channel::bounded(1);
         self.shared.register(
@@ -378,9 +380,13 @@ impl DiskJournal {
     ///
     /// Blocks for the file removals; appends go on meanwhile. An I/O error stops it (what was
     /// not removed is kept and tried again next time) and is returned as
-    /// [`JournalError::Failed`]; it does not fail the journal.
+    /// [`JournalError::Failed`]; it does not fail the journal. A journal opened with
+    /// [`DiskJournal::open_read_only`] refuses with [`JournalError::Failed`]`("read-only")`.
     pub fn compact(&self) -> Result<CompactionReport, JournalError> {
         let shared = &self.shared;
+        if shared.read_only {
+            return Err(read_only());
+        }
         let sealed_below = position_segment(shared.durable.load(Ordering::Acquire));
         let removable = shared.log.lock().table.take_removable(sealed_below);
         let mut report = CompactionReport::default();
@@ -485,7 +491,7 @@ impl Journal for DiskJournal {
             )));
         }
         let shared = &self.shared;
-        shared.check_failed()?;
+        shared.check_writable()?;
         let body = frame::encode_body(&record).map_err(JournalError::Failed)?;
         let arc = {
             let mut sessions = shared.sessions.write();
@@ -535,7 +541,7 @@ impl Journal for DiskJournal {
             )));
         }
         let shared = &self.shared;
-        shared.check_failed()?;
+        shared.check_writable()?;
         let body = frame::encode_body(&record).map_err(JournalError::Failed)?;
         shared.with_session(session, |s| {
             let sequence = s.locs.len() as u64 + 1;
@@ -567,6 +573,9 @@ impl Journal for DiskJournal {
     }
 
     fn on_durable(&self, session: &SessionId, sequence: u64, done: DurableCallback) {
+        if self.shared.read_only {
+            return run_callback(done, Err(read_only()));
+        }
         let end = self.shared.with_session(session, |s| {
             if sequence == 0 {
                 return Ok(0);
@@ -649,7 +658,7 @@ impl Journal for DiskJournal {
 
     fn delete(&self, session: &SessionId) -> Result<(), JournalError> {
         let shared = &self.shared;
-        shared.check_failed()?;
+        shared.check_writable()?;
         // The session's lock first (it may be busy reading from disk), then the map's, only for
         // as long as it takes to place the tombstone: a `create` of the same id waits for the
         // map, so its first record lands after the tombstone.
@@ -691,10 +700,97 @@ impl Journal for DiskJournal {
         ids.sort();
         Ok(ids)
     }
+
+    fn failure(&self) -> Option<String> {
+        let shared = &self.shared;
+        if !shared.failed.load(Ordering::Acquire) {
+            return None;
+        }
+        // `fail` sets the flag and records the reason under this lock.
+        Some(
+            shared
+                .waiters
+                .lock()
+                .failed
+                .clone()
+                .unwrap_or_else(|| "a write or flush failed".to_owned()),
+        )
+    }
 }
 
 impl Shared {
-    fn check_failed(&self) -> Result<(), JournalError> {
+    /// The shared state of a journal in `dir` whose segments `ids` recovery found as
+    /// `recovered`; `sender` hands frames to the writer (`None`: read-only).
+    fn new(
+        dir: &Path,
+        options: DiskJournalOptions,
+        ids: &[u32],
+        recovered: recover::Recovered,
+        sender: Option<Sender<Job>>,
+    ) -> Shared {
+        let (segment, offset) = match recovered.tail {
+            Tail::Append { segment, end } => (segment, u64::from(end)),
+            Tail::Fresh { segment } => (segment, SEGMENT_HEADER_LEN),
+        };
+        let refused = recovered
+            .sessions
+            .values()
+            .filter(|s| s.refused.is_some())
+            .count();
+        let sessions: HashMap<SessionId, Arc<Mutex<Session>>> = recovered
+            .sessions
+            .into_iter()
+            .map(|(id, found)| {
+                let session = Session {
+                    id: id.clone(),
+                    locs: found.locs,
+                    last_stamp: found.last_stamp,
+                    unwritten: VecDeque::new(),
+                    loaded: None,
+                    refused: found.refused,
+                    deleted: false,
+                };
+                (id, Arc::new(Mutex::new(session)))
+            })
+            .collect();
+        log::info!(
+            "journal: opened {}{} ({} sessions, {refused} of them unreadable, {} segments)",
+            dir.display(),
+            if sender.is_some() { "" } else { " read-only" },
+            sessions.len(),
+            ids.len()
+        );
+        Shared {
+            dir: dir.to_path_buf(),
+            options,
+            read_only: sender.is_none(),
+            sessions: RwLock::new(sessions),
+            log: Mutex::new(Log {
+                segment,
+                offset,
+                last_end: recovered.end,
+                table: recovered.table,
+                sender,
+            }),
+            written: AtomicU64::new(recovered.end),
+            durable: AtomicU64::new(recovered.end),
+            waiters: Mutex::new(Waiters {
+                pending: BTreeMap::new(),
+                failed: None,
+            }),
+            failed: AtomicBool::new(false),
+            readers: Mutex::new(Vec::new()),
+            loaded: Mutex::new(VecDeque::new()),
+            loaded_count: AtomicUsize::new(0),
+            counters: Counters::default(),
+        }
+    }
+
+    /// Refuses a write: on a read-only journal, or once the journal failed.
+    fn check_writable(&self) -> Result<(), JournalError> {
+        if self.read_only {
+            return Err(read_only());
+        }
         if !self.failed.load(Ordering::Acquire) {
             return Ok(());
         }
@@ -912,7 +1008,7 @@ impl Shared {
         };
         if sent.is_err() {
             drop(log);
-            self.check_failed()?;
+            self.check_writable()?;
             return Err(JournalError::Failed(
                 "the journal writer has stopped".to_owned(),
             ));
@@ -1239,6 +1335,11 @@ fn prepare_dir(dir: &Path) -> Result<bool, JournalError> {
 
 fn sync_dir(dir: &Path) -> std::io::Result<()> {
     File::open(dir)?.sync_all()
+}
+
+/// The refusal of a write to a journal opened with [`DiskJournal::open_read_only`].
+fn read_only() -> JournalError {
+    JournalError::Failed("read-only".to_owned())
 }
 
 fn io_failure(what: &str, path: &Path, error: &std::io::Error) -> JournalError {
@@ -1909,6 +2010,179 @@ mod tests {
         assert!(stats.directory_syncs >= 2, "{stats:?}");
     }
 
+    /// Every file in `dir`, sorted by name, with its size and contents.
+    fn files_snapshot(dir: &Path) -> Vec<(PathBuf, u64, Vec<u8>)> {
+        segment_files_in(dir)
+            .into_iter()
+            .map(|path| {
+                let size = std::fs::metadata(&path).unwrap().len();
+                let bytes = std::fs::read(&path).unwrap();
+                (path, size, bytes)
+            })
+            .collect()
+    }
+
+    /// Reads everything a reader can read of every session of `journal`, through the trait.
+    fn read_everything(journal: &dyn Journal) {
+        for session in journal.sessions().unwrap() {
+            snapshot(journal, &session);
+            journal.kv_get(&session, "v").unwrap();
+        }
+    }
+
+    fn assert_read_only<T: std::fmt::Debug>(result: Result<T, JournalError>) {
+        match result {
+            Err(JournalError::Failed(why)) => assert_eq!(why, "read-only"),
+            other => panic!("expected a read-only refusal, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_read_only_open_beside_a_live_journal_sees_the_durable_records_and_writes_nothing() {
+        let dir = TempDir::new("read-only");
+        let journal_dir = dir.path().join("journal");
+        let live = DiskJournal::open_with(&journal_dir, small()).unwrap();
+        let (a, b) = (id(1), id(2));
+        for session in [&a, &b] {
+            live.create(session, created()).unwrap();
+            workload(&[&live], session, 3);
+        }
+        live.sync().unwrap();
+        let durable_a = live.view(&a).unwrap().last_sequence;
+        // More records for `a`, appended but not waited for: the writer is busy with them, and
+        // rotating segments, while the read-only open scans.
+        for n in 0..400 {
+            live.append(&a, kv(json!(n))).unwrap();
+        }
+
+        let reader = DiskJournal::open_read_only(&journal_dir).unwrap();
+        assert_eq!(reader.sessions().unwrap(), [a.clone(), b.clone()]);
+        // `b` is wholly durable: identical. `a`: at least its durable records, and whatever
+        // else was complete at open, as a prefix of the live stream.
+        assert_eq!(snapshot(&reader, &b), snapshot(&live, &b));
+        let seen = reader.read(&a, 0, usize::MAX).unwrap();
+        assert!(
+            seen.len() as u64 >= durable_a,
+            "{} < {durable_a}",
+            seen.len()
+        );
+        assert_eq!(seen, live.read(&a, 0, seen.len()).unwrap());
+        assert_eq!(reader.view(&a).unwrap().last_sequence, seen.len() as u64);
+        assert_eq!(reader.read(&a, 2, 3).unwrap(), live.read(&a, 2, 3).unwrap());
+
+        // Every write is refused, and nothing is vouched durable.
+        assert_read_only(reader.create(&id(3), created()));
+        assert_read_only(reader.append(&a, kv(json!("no"))));
+        assert_read_only(reader.delete(&b));
+        assert_read_only(reader.compact());
+        assert_read_only(durable(&reader, &b, 1));
+        reader.sync().unwrap();
+        assert_eq!(reader.failure(), None);
+        assert_eq!(reader.sessions().unwrap(), [a.clone(), b.clone()]);
+        let stats = reader.stats();
+        assert_eq!(
+            (
+                stats.records,
+                stats.flushes,
+                stats.directory_syncs,
+                stats.bytes
+            ),
+            (0, 0, 0, 0)
+        );
+        drop(reader);
+
+        // The live journal did not notice.
+        live.sync().unwrap();
+        let total_a = live.view(&a).unwrap().last_sequence;
+        assert_eq!(total_a, durable_a + 400);
+
+        // Quiet now. A frame half written at the tail of the last segment, as the live writer
+        // leaves it in the middle of a write: the end of the log, not corruption, and not
+        // truncated.
+        let last = segment_files_in(&journal_dir).pop().unwrap();
+        let frame = frame::encode(
+            &Address {
+                frame_type: FrameType::Record,
+                session: a.clone(),
+                sequence: total_a + 1,
+                recorded_at_ms: now_ms(),
+            },
+            &frame::encode_body(&kv(json!("half written"))).unwrap(),
+        );
+        let end = std::fs::metadata(&last).unwrap().len();
+        let file = OpenOptions::new().write(true).open(&last).unwrap();
+        file.write_all_at(&frame[..frame.len() / 2], end).unwrap();
+        drop(file);
+        let before = files_snapshot(&journal_dir);
+        let reader = DiskJournal::open_read_only(&journal_dir).unwrap();
+        for session in [&a, &b] {
+            assert_eq!(snapshot(&reader, session), snapshot(&live, session));
+        }
+        read_everything(&reader);
+        drop(reader);
+        assert_eq!(files_snapshot(&journal_dir), before);
+        drop(live);
+
+        // A segment just created by a writer that has not written its header yet: empty, or
+        // part of the header. Recovery would repair it; a read-only open reads past it.
+        let file = OpenOptions::new().write(true).open(&last).unwrap();
+        file.set_len(end).unwrap();
+        drop(file);
+        let id_last = segment::parse_name(&last.file_name().unwrap().to_string_lossy())
+            .unwrap()
+            .unwrap();
+        let next = segment::path(&journal_dir, id_last + 1);
+        std::fs::write(&next, &frame::segment_header()[..5]).unwrap();
+        let before = files_snapshot(&journal_dir);
+        let reader = DiskJournal::open_read_only(&journal_dir).unwrap();
+        assert_eq!(
+            reader.read(&a, 0, usize::MAX).unwrap().len() as u64,
+            total_a
+        );
+        read_everything(&reader);
+        drop(reader);
+        assert_eq!(files_snapshot(&journal_dir), before);
+
+        // A read-write open then repairs it, as always, and keeps every record.
+        let journal = DiskJournal::open_with(&journal_dir, small()).unwrap();
+        assert_eq!(journal.view(&a).unwrap().last_sequence, total_a);
+        append_durable(&journal, &a, kv(json!("after"))).unwrap();
+    }
+
+    #[test]
+    fn a_read_only_open_of_a_missing_directory_fails_naming_it_and_creates_nothing() {
+        let dir = TempDir::new("read-only-missing");
+        let missing = dir.path().join("data").join("journal");
+        match DiskJournal::open_read_only(&missing) {
+            Err(JournalError::Failed(why)) => {
+                assert!(why.contains(&missing.display().to_string()), "{why}");
+            }
+            Err(other) => panic!("{other}"),
+            Ok(_) => panic!("a missing directory opened"),
+        }
+        assert!(!dir.path().join("data").exists());
+        let file = dir.path().join("file");
+        std::fs::write(&file, b"").unwrap();
+        match DiskJournal::open_read_only(&file) {
+            Err(JournalError::Failed(why)) => {
+                assert!(why.contains(&file.display().to_string()), "{why}");
+            }
+            Err(other) => panic!("{other}"),
+            Ok(_) => panic!("a file opened as a journal"),
+        }
+        // An empty directory is an empty journal.
+        let empty = dir.path().join("empty");
+        std::fs::create_dir(&empty).unwrap();
+        let reader = DiskJournal::open_read_only(&empty).unwrap();
+        assert!(reader.sessions().unwrap().is_empty());
+        assert!(matches!(
+            reader.read(&id(1), 0, 10),
+            Err(JournalError::UnknownSession(_))
+        ));
+        drop(reader);
+        assert!(segment_files_in(&empty).is_empty());
+    }
+
     // ---------------------------------------------------------------------------------------
     // Child processes: the test binary re-executes itself with `--exact` on `child_process`.
 
@@ -2067,6 +2341,7 @@ mod tests {
         let journal = DiskJournal::open(dir).unwrap();
         let session = id(7);
         journal.create(&session, created()).unwrap();
+        assert_eq!(journal.failure(), None);
         let mut n = 0;
         let error = loop {
             n += 1;
@@ -2079,6 +2354,14 @@ mod tests {
         };
         assert_eq!(error.code(), ErrorCode::JournalFailed);
         println!("failed {error}");
+        // The health report names the failed write, and is what the callers were told.
+        let failure = journal
+            .failure()
+            .expect("a failed journal reports its failure");
+        assert!(failure.contains("segment-"), "{failure}");
+        assert!(failure.contains("File too large"), "{failure}");
+        assert!(error.to_string().contains(&failure), "{error} / {failure}");
+        println!("failure {failure}");
         // Fatal: everything after fails too, and nothing not durable is acknowledged.
         let after = journal.append(&session, kv(json!("after")));
         assert!(matches!(after, Err(JournalError::Failed(_))), "{after:?}");
@@ -2090,6 +2373,7 @@ mod tests {
             Err(JournalError::Failed(_))
         ));
         assert!(durable(&journal, &session, 1).is_ok());
+        assert_eq!(journal.failure(), Some(failure));
         println!("checked");
     }
 
@@ -2108,8 +2392,13 @@ mod tests {
             "{lines:?}"
         );
         assert!(lines.iter().any(|l| l == "checked"), "{lines:?}");
+        assert!(
+            lines.iter().any(|l| l.starts_with("failure writing ")),
+            "{lines:?}"
+        );
         let journal = DiskJournal::open(&journal_dir).unwrap();
         assert_acknowledged(&journal, &acks);
+        assert_eq!(journal.failure(), None);
         append_durable(&journal, &id(7), kv(json!("after restart"))).unwrap();
     }
 

@@ -13,7 +13,8 @@
 //!
 //! [`MemoryJournal`] keeps everything in memory: every record is durable the moment it is appended.
 //! [`DiskJournal`] keeps records in segment files under `<data>/journal`, makes them durable with
-//! group commit and recovers them at open (docs/JOURNAL.md).
+//! group commit and recovers them at open (docs/JOURNAL.md); [`DiskJournal::open_read_only`]
+//! reads such a directory without writing to it, even beside the Brain that is writing it.
 
 #[cfg(test)]
 mod conformance;
@@ -251,6 +252,16 @@ pub trait Journal: Send + Sync + 'static {
     /// default (for journals that are durable at once, or never) returns at once.
     fn sync(&self) -> Result<(), JournalError> {
         Ok(())
+    }
+
+    /// Why this journal can no longer make records durable, once a write or flush failed; `None`
+    /// while healthy. Once `Some`, it stays `Some` (a failure is fatal): every later create,
+    /// append and delete fails, and so does every durability callback for a record that was not
+    /// yet durable; reads may keep working. For readiness checks: never blocks on I/O. The
+    /// default (for journals that cannot fail) is `None`. A wrapper that delegates to another
+    /// journal should delegate this too, or it hides the failure.
+    fn failure(&self) -> Option<String> {
+        None
     }
 }
 

@@ -20,6 +20,12 @@
 //!     named and do not appear.
 //!   - a sequence that does not continue its session's stream refuses that session.
 //! - I/O errors fail the open; so does a segment of another format version.
+//!
+//! A read-only scan ([`scan_read_only`]) applies the same rules but writes nothing: a torn tail
+//! is simply where the log ends. It may run while another process appends to the directory and
+//! compacts it: it reads what the segments hold when it gets to them, and starts over if a
+//! segment it listed has been removed meanwhile, so that it never reads a tombstone's victims
+//! without the tombstone.
 
 use super::JournalError;
 use super::frame::{self, FRAME_OVERHEAD, FrameType, HeaderError, SEGMENT_HEADER_LEN};
@@ -89,15 +95,68 @@ struct State {
     table: SegmentTable,
 }
 
+/// Whether a scan may write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// The journal is about to be written: a torn tail is truncated (a torn header rewritten).
+    Repair,
+    /// Nothing is written: a torn tail is where the log ends, and a segment that vanished since
+    /// the listing (another process compacted it) is reported rather than an error.
+    ReadOnly,
+}
+
+/// How many times [`scan_read_only`] starts over because a listed segment was removed.
+const READ_ONLY_ATTEMPTS: usize = 100;
+
 /// Scans the segments `ids` (ascending) of `dir` and truncates a torn tail of the last one.
 pub(crate) fn scan(dir: &Path, ids: &[u32]) -> Result<Recovered, JournalError> {
+    scan_in(dir, ids, Mode::Repair)?.ok_or_else(|| {
+        JournalError::Failed(format!(
+            "a segment of {} vanished during recovery",
+            dir.display()
+        ))
+    })
+}
+
+/// Lists and scans the segments of `dir` without writing anything, and returns their ids and
+/// what the scan found. A torn tail of the last segment (for instance a frame another process
+/// is writing right now) is where the log ends: it is neither truncated nor corruption. If a
+/// listed segment is removed before it is opened (another process compacting), the listing and
+/// the scan start over.
+pub(crate) fn scan_read_only(dir: &Path) -> Result<(Vec<u32>, Recovered), JournalError> {
+    for _ in 0..READ_ONLY_ATTEMPTS {
+        let ids = list_segments(dir)?;
+        if let Some(recovered) = scan_in(dir, &ids, Mode::ReadOnly)? {
+            return Ok((ids, recovered));
+        }
+        log::debug!(
+            "journal: a segment of {} was removed while it was read; reading it again",
+            dir.display()
+        );
+    }
+    Err(JournalError::Failed(format!(
+        "the segments of {} kept being removed while they were read ({READ_ONLY_ATTEMPTS} \
+         attempts)",
+        dir.display()
+    )))
+}
+
+/// Scans the segments `ids` of `dir`: `Ok(None)` when a read-only scan found one of them gone.
+fn scan_in(dir: &Path, ids: &[u32], mode: Mode) -> Result<Option<Recovered>, JournalError> {
     let mut state = State::default();
     let mut tail = Tail::Fresh { segment: 1 };
     let mut end = 0;
     for (index, &id) in ids.iter().enumerate() {
         let path = segment::path(dir, id);
         let is_last = index + 1 == ids.len();
-        let outcome = scan_segment(&path, id, is_last, &mut state)?;
+        let file = match File::open(&path) {
+            Ok(file) => file,
+            Err(e) if mode == Mode::ReadOnly && e.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(None);
+            }
+            Err(e) => return Err(io_error(&path, "opening", e)),
+        };
+        let outcome = scan_segment(&file, &path, id, is_last, &mut state)?;
         let next_segment = || {
             id.checked_add(1)
                 .ok_or_else(|| JournalError::Failed("no segment id is left".to_owned()))
@@ -109,6 +168,17 @@ pub(crate) fn scan(dir: &Path, ids: &[u32]) -> Result<Recovered, JournalError> {
                     end: offset32(&path, len)?,
                 };
                 len
+            }
+            SegmentEnd::Torn { at, why } if mode == Mode::ReadOnly => {
+                log::debug!(
+                    "journal: reading {} up to offset {at} only ({why}: an incomplete tail)",
+                    path.display()
+                );
+                tail = Tail::Append {
+                    segment: id,
+                    end: offset32(&path, at)?,
+                };
+                at
             }
             SegmentEnd::Torn { at, why } => {
                 let len = truncate(&path, at, &why)?;
@@ -143,12 +213,12 @@ pub(crate) fn scan(dir: &Path, ids: &[u32]) -> Result<Recovered, JournalError> {
             (id, session)
         })
         .collect();
-    Ok(Recovered {
+    Ok(Some(Recovered {
         sessions,
         table: state.table,
         tail,
         end,
-    })
+    }))
 }
 
 fn io_error(path: &Path, what: &str, error: std::io::Error) -> JournalError {
@@ -191,12 +261,13 @@ fn zero_tail_start(file: &File, len: u64) -> std::io::Result<u64> {
 }
 
 fn scan_segment(
+    file: &File,
     path: &Path,
     id: u32,
     is_last: bool,
     state: &mut State,
 ) -> Result<SegmentEnd, JournalError> {
-    let file = File::open(path).map_err(|e| io_error(path, "opening", e))?;
+    // Read no further than this length, taken once: another process may be appending.
     let len = file
         .metadata()
         .map_err(|e| io_error(path, "inspecting", e))?
@@ -204,13 +275,13 @@ fn scan_segment(
     offset32(path, len)?;
     state.table.entry(id).bytes = len;
     let zero_from = if is_last {
-        zero_tail_start(&file, len).map_err(|e| io_error(path, "reading", e))?
+        zero_tail_start(file, len).map_err(|e| io_error(path, "reading", e))?
     } else {
         len
     };
     // Whether an invalid frame whose trustworthy part ends at `extent` is a torn tail.
     let torn = |extent: u64| is_last && extent > zero_from;
-    let mut reader = BufReader::with_capacity(1 << 20, &file);
+    let mut reader = BufReader::with_capacity(1 << 20, file);
     let mut read = |buffer: &mut [u8]| {
         reader
             .read_exact(buffer)
