@@ -389,15 +389,18 @@ impl Brain {
         }
     }
 
-    /// Readiness: some worker of some registration is healthy and Brain is not shutting down.
-    /// Never blocks on the dispatcher.
+    /// Readiness: the journal can still make records durable, some worker of some registration
+    /// is healthy, and Brain is not shutting down. Never blocks on the dispatcher.
     pub fn ready(&self) -> bool {
-        self.board.snapshot().ready()
+        self.status().ready()
     }
 
-    /// A snapshot of every registration and worker. Never blocks on the dispatcher.
+    /// A snapshot of every registration and worker, and of the journal's health. Never blocks on
+    /// the dispatcher.
     pub fn status(&self) -> PoolStatus {
-        self.board.snapshot()
+        let mut status = self.board.snapshot();
+        status.journal_failure = self.journal.failure();
+        status
     }
 
     /// Blocks until `condition` holds for the pool's status, or `timeout` passes. Returns the last
@@ -505,7 +508,7 @@ impl Brain {
     /// use, schedule-to-start and activation latency histograms, callbacks by method and code,
     /// unknown outcomes. Never blocks on the dispatcher.
     pub fn metrics_text(&self) -> String {
-        let status = self.board.snapshot();
+        let status = self.status();
         let queues = self
             .queues
             .iter()

@@ -289,6 +289,7 @@ impl Pool {
     pub(crate) fn status(&self) -> PoolStatus {
         PoolStatus {
             shutting_down: self.shutting_down,
+            journal_failure: None,
             registrations: self
                 .registrations
                 .iter()

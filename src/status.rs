@@ -170,14 +170,20 @@ impl RegistrationStatus {
 pub struct PoolStatus {
     /// Whether Brain is shutting down.
     pub shutting_down: bool,
+    /// Why the journal can no longer make records durable, once a write or flush failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub journal_failure: Option<String>,
     /// Every registration, in name order.
     pub registrations: Vec<RegistrationStatus>,
 }
 
 impl PoolStatus {
-    /// Readiness: not shutting down, and some worker of some registration is healthy.
+    /// Readiness: not shutting down, the journal healthy, and some worker of some registration
+    /// healthy.
     pub fn ready(&self) -> bool {
-        !self.shutting_down && self.registrations.iter().any(RegistrationStatus::available)
+        !self.shutting_down
+            && self.journal_failure.is_none()
+            && self.registrations.iter().any(RegistrationStatus::available)
     }
 
     /// The registration with this name.

@@ -107,4 +107,8 @@ impl Journal for WatchedJournal {
     fn sync(&self) -> Result<(), JournalError> {
         self.inner.sync()
     }
+
+    fn failure(&self) -> Option<String> {
+        self.inner.failure()
+    }
 }

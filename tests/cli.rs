@@ -426,3 +426,49 @@ fn serve_answers_probes_and_clients_and_stops_cleanly_on_sigterm() {
         Some(1)
     );
 }
+
+#[test]
+fn journal_prints_a_session_offline_beside_a_running_brain() {
+    let dir = temp_dir("cli-journal").join("data");
+    let mut config =
+        brain::Config::new(brain::Registrations::from_vec(vec![fault("f", &[])]).unwrap());
+    config.options = fast_options("cli-journal");
+    config.options.data_dir = dir.clone();
+    let running = brain::Brain::start(config).expect("a running Brain holds the directory");
+    let session = running
+        .create_session_json(br#"{"agentloop": {"name": "f"}}"#)
+        .unwrap();
+    let outcome = session
+        .send(brain::protocol::harness::UserInput {
+            content: vec![brain::protocol::harness::Block::text("x")],
+        })
+        .unwrap()
+        .wait();
+    assert_eq!(outcome.outcome, brain::OutcomeKind::Completed);
+    let data = dir.to_string_lossy();
+    let output = brain(&["journal", &data, session.id().as_str(), "--json"]);
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    let kinds: Vec<String> = text(&output.stdout)
+        .lines()
+        .map(|line| {
+            let record: serde_json::Value = serde_json::from_str(line).expect("one JSON record");
+            record["type"].as_str().unwrap().to_owned()
+        })
+        .collect();
+    assert_eq!(kinds.first().map(String::as_str), Some("session_created"));
+    assert_eq!(
+        kinds.last().map(String::as_str),
+        Some("activation_finished")
+    );
+    let human = brain(&["journal", &data, session.id().as_str()]);
+    assert!(text(&human.stdout).contains("activation_started"));
+    let unknown = brain(&["journal", &data, "ses_00000000000000000000"]);
+    assert_eq!(unknown.status.code(), Some(1));
+    assert!(text(&unknown.stderr).contains("ses_00000000000000000000"));
+    assert_eq!(
+        brain(&["journal", &data, "../../etc"]).status.code(),
+        Some(2)
+    );
+    // The running Brain was not disturbed.
+    assert!(running.ready());
+}

@@ -264,6 +264,11 @@ fn ready(shared: &Shared) -> Response {
     }
     let (code, message) = if status.shutting_down {
         (ErrorCode::ShuttingDown, "Brain is shutting down")
+    } else if status.journal_failure.is_some() {
+        (
+            ErrorCode::JournalFailed,
+            "the journal can no longer make records durable",
+        )
     } else {
         (
             ErrorCode::AgentloopUnavailable,

@@ -20,11 +20,15 @@ const USAGE: &str = "\
 usage: brain <command> [options]
 
 commands:
-  serve     run the server: the HTTP API over a durable Brain; SIGTERM/SIGINT drain, a second
+  serve    journal   DATA_DIR SESSION_ID [--json]: print a session's records offline, read-only (safe
+            beside a running server)
+  run the server: the HTTP API over a durable Brain; SIGTERM/SIGINT drain, a second
             signal skips the drain
   ready     exit 0 when the server at --listen is ready (a probe)
   sessions  list | show ID | events ID [AFTER] | cancel ID | close ID | delete ID, against the
             server at --listen (token from BRAIN_API_TOKEN or <data-dir>/operator.token)
+ journal   DATA_DIR SESSION_ID [--json]: print a session's records offline, read-only (safe
+            beside a running server)
   run       start Brain, create a session (or continue --session), send MESSAGE, print the
             activation's result or error, stop. Exit 0 completed, 1 failed or cancelled.
   check     validate registrations, start every worker, report each, stop them
@@ -75,6 +79,7 @@ fn main() -> ExitCode {
         Some("serve") => serve_command(&args[1..]),
         Some("ready") => ready_command(&args[1..]),
         Some("sessions") => sessions_command(&args[1..]),
+        Some("journal") => journal_command(&args[1..]),
         Some("-h" | "--help" | "help") => {
             print!("{USAGE}");
             ExitCode::SUCCESS
@@ -217,6 +222,72 @@ fn listen_and_rest(args: &[String]) -> Result<(String, std::path::PathBuf, Vec<S
         }
     }
     Ok((listen, data_dir, rest))
+}
+
+fn journal_command(args: &[String]) -> ExitCode {
+    let mut json = false;
+    let mut positional = Vec::new();
+    for arg in args {
+        match arg.as_str() {
+            "--json" => json = true,
+            "-h" | "--help" => {
+                print!("{USAGE}");
+                return ExitCode::SUCCESS;
+            }
+            other if other.starts_with("--") => {
+                return usage_error(&format!("journal: unknown argument {other:?}"));
+            }
+            _ => positional.push(arg.clone()),
+        }
+    }
+    let [data_dir, session] = positional.as_slice() else {
+        return usage_error("journal: give DATA_DIR and SESSION_ID");
+    };
+    let session = match SessionId::parse(session) {
+        Ok(session) => session,
+        Err(why) => return usage_error(&format!("journal: {why}")),
+    };
+    let journal_dir = std::path::Path::new(data_dir).join("journal");
+    let journal = match brain::journal::DiskJournal::open_read_only(&journal_dir) {
+        Ok(journal) => journal,
+        Err(error) => {
+            eprintln!("brain: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let records = match brain::journal::Journal::read(&journal, &session, 0, usize::MAX) {
+        Ok(records) => records,
+        Err(error) => {
+            eprintln!("brain: session {session}: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    for record in records {
+        if json {
+            match serde_json::to_string(&record) {
+                Ok(line) => println!("{line}"),
+                Err(error) => {
+                    eprintln!("brain: rendering record {}: {error}", record.sequence);
+                    return ExitCode::FAILURE;
+                }
+            }
+        } else {
+            let mut data = record.data.to_string();
+            if data.len() > 200 {
+                let mut end = 200;
+                while !data.is_char_boundary(end) {
+                    end -= 1;
+                }
+                data.truncate(end);
+                data.push('…');
+            }
+            println!(
+                "{:>6}  {:>13}  {:<20}  {data}",
+                record.sequence, record.recorded_at_ms, record.event_type
+            );
+        }
+    }
+    ExitCode::SUCCESS
 }
 
 fn ready_command(args: &[String]) -> ExitCode {
