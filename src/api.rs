@@ -280,6 +280,9 @@ pub struct Session {
     pub(crate) id: SessionId,
     pub(crate) commands: Sender<Command>,
     pub(crate) journal: Arc<WatchedJournal>,
+    /// Whether this handle has made sure the session was recovered (sessions found in the
+    /// journal at start are recovered on first use, by the dispatcher).
+    pub(crate) recovered: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl fmt::Debug for Session {
@@ -355,6 +358,7 @@ impl Session {
     /// A page of the session's journal: records with sequence above `after`, oldest first, at
     /// most `limit`. Reads the journal directly; never waits for the dispatcher.
     pub fn events(&self, after: u64, limit: usize) -> Result<Vec<Event>, ApiError> {
+        self.ensure_recovered()?;
         self.journal
             .read(&self.id, after, limit)
             .map_err(|error| ApiError::new(error.code(), error.to_string()))
@@ -384,11 +388,24 @@ impl Session {
     /// The saved transcript (the projection of `transcript_delta` records) and the sequence of the
     /// record it is current through (0 when nothing was saved). Reads the journal directly.
     pub fn transcript(&self) -> Result<(Vec<crate::protocol::harness::Message>, u64), ApiError> {
+        self.ensure_recovered()?;
         let view = self
             .journal
             .view(&self.id)
             .map_err(|error| ApiError::new(error.code(), error.to_string()))?;
         Ok((view.transcript, view.transcript_through))
+    }
+
+    /// Reads go to the journal directly; the first one through a handle first asks the dispatcher
+    /// for the session, which recovers it if this is its first use since the start, so that a
+    /// reader never sees what a stopped Brain left unfinished.
+    fn ensure_recovered(&self) -> Result<(), ApiError> {
+        use std::sync::atomic::Ordering;
+        if !self.recovered.load(Ordering::Acquire) {
+            self.info()?;
+            self.recovered.store(true, Ordering::Release);
+        }
+        Ok(())
     }
 
     /// The session's current view.

@@ -12,7 +12,7 @@ use crate::metrics::Metrics;
 use crate::options::Options;
 use crate::pool::{Pool, StartupRefusal};
 use crate::protocol::harness::ErrorCode;
-use crate::recovery::recover;
+use crate::recovery::dormant_sessions;
 use crate::session::{CreateSession, SessionId};
 use crate::sessions::QueueEntry;
 use crate::status::{PoolStatus, StatusBoard};
@@ -263,21 +263,18 @@ impl Brain {
             Storage::Ephemeral => (Arc::new(MemoryJournal::new()), None),
             Storage::Journal(journal) => (journal, None),
         };
-        let recovered = recover(&*journal, &registration_list(&resolved), &options.data_dir)
-            .map_err(|error| StartError {
-                kind: StartErrorKind::Io(
-                    "recovering sessions from the journal".to_owned(),
-                    std::io::Error::other(error.to_string()),
-                ),
-            })?;
-        if !recovered.sessions.is_empty() {
+        // Sessions are recovered on first use: startup reads one record of each.
+        let registrations = registration_list(&resolved);
+        let dormant = dormant_sessions(&*journal, &registrations).map_err(|error| StartError {
+            kind: StartErrorKind::Io(
+                "listing sessions in the journal".to_owned(),
+                std::io::Error::other(error.to_string()),
+            ),
+        })?;
+        if !dormant.is_empty() {
             log::info!(
-                "recovered {} sessions: {} activations interrupted, {} queued ones cancelled, {} effects finished unknown, {} unreadable",
-                recovered.sessions.len(),
-                recovered.interrupted_activations,
-                recovered.cancelled_activations,
-                recovered.unknown_effects,
-                recovered.unreadable.len()
+                "{} sessions in the journal; each is recovered on first use",
+                dormant.len()
             );
         }
         let journal = Arc::new(WatchedJournal::new(journal));
@@ -339,7 +336,10 @@ impl Brain {
         );
         let dispatcher = Dispatcher {
             pool,
-            sessions: recovered.sessions.into_iter().collect(),
+            sessions: HashMap::new(),
+            dormant: dormant.into_iter().collect(),
+            data_dir: options.data_dir.clone(),
+            registrations,
             journal: journal.clone(),
             effects: config.effects,
             queues,
@@ -501,6 +501,7 @@ impl Brain {
             id: id.clone(),
             commands: self.commands.clone(),
             journal: self.journal.clone(),
+            recovered: Arc::default(),
         }
     }
 

@@ -134,6 +134,13 @@ pub(crate) struct Dispatcher {
     /// Encoded `run` lines waiting for their `activation_started` record to become durable.
     pub(crate) pending_runs: HashMap<(SessionId, u64), Vec<u8>>,
     pub(crate) metrics: Arc<crate::metrics::Metrics>,
+    /// Sessions found in the journal at start and not used since: their registration index and
+    /// slot (for placement). A session is recovered and loaded on its first use.
+    pub(crate) dormant: HashMap<SessionId, (usize, u32)>,
+    /// Where native state lives, for sessions loaded on first use.
+    pub(crate) data_dir: std::path::PathBuf,
+    /// The registrations, in the pool's order, for sessions loaded on first use.
+    pub(crate) registrations: Vec<crate::config::Registration>,
 }
 
 /// Shutdown progress.
@@ -269,6 +276,22 @@ impl Dispatcher {
     }
 
     fn on_command(&mut self, command: Command) {
+        match &command {
+            Command::Send { session, .. }
+            | Command::Cancel { session, .. }
+            | Command::Passivate { session, .. }
+            | Command::Close { session, .. }
+            | Command::Delete { session, .. }
+            | Command::ClientEvent { session, .. }
+            | Command::Info { session, .. } => self.ensure_loaded(&session.clone()),
+            Command::List { .. } => {
+                let dormant: Vec<SessionId> = self.dormant.keys().cloned().collect();
+                for session in dormant {
+                    self.ensure_loaded(&session);
+                }
+            }
+            Command::Shutdown { .. } | Command::Create { .. } => {}
+        }
         match command {
             Command::Shutdown { .. } => {} // handled in the loop
             Command::Create {
@@ -316,6 +339,40 @@ impl Dispatcher {
                 all.sort_by(|a, b| a.session_id.cmp(&b.session_id));
                 let _ = reply.send(Ok(all));
             }
+        }
+    }
+
+    /// Recovers and loads a session found in the journal at start, on its first use. Recovery
+    /// appends (rare: only for a session a stopped Brain left mid-activation) are waited for here,
+    /// so that nothing is served before they are durable.
+    fn ensure_loaded(&mut self, session: &SessionId) {
+        let Some(_) = self.dormant.remove(session) else {
+            return;
+        };
+        let mut report = crate::recovery::Recovered::default();
+        match crate::recovery::recover_session(
+            &*self.journal,
+            session,
+            &self.registrations,
+            &self.data_dir,
+            &mut report,
+        ) {
+            Ok(state) => {
+                if report.interrupted_activations
+                    + report.cancelled_activations
+                    + report.unknown_effects
+                    > 0
+                {
+                    log::warn!(
+                        "session {session}: recovered: {} activation interrupted, {} queued one cancelled, {} effects finished unknown",
+                        report.interrupted_activations,
+                        report.cancelled_activations,
+                        report.unknown_effects
+                    );
+                }
+                self.sessions.insert(session.clone(), state);
+            }
+            Err(error) => log::error!("session {session}: cannot be recovered: {error}"),
         }
     }
 

@@ -1,6 +1,7 @@
 //! Recovery after a restart: sessions rebuilt from their journals, nothing replayed.
 //!
-//! For every session, before Brain serves anything:
+//! Startup only lists the sessions (reading each one's first record, for placement). Each session
+//! is recovered on its first use, before anything is served for it:
 //!
 //! - every `*_started` effect without a finished record gets one: outcome `unknown`, code
 //!   `interrupted` (Brain cannot know whether the effect happened, and never sends it again);
@@ -9,7 +10,7 @@
 //! - an activation that was only queued gets `activation_finished` `cancelled` / `interrupted`,
 //!   without a marker: the session goes on.
 //!
-//! Every record written here is durable before the dispatcher starts.
+//! Every record written here is durable before the session is used.
 
 use crate::config::Registration;
 use crate::journal::{Journal, JournalError, NewRecord, SessionStatus as Stored, append_durable};
@@ -25,34 +26,12 @@ use std::sync::Arc;
 /// activations are refused `agentloop_unavailable`; it can be read, closed and deleted.
 pub(crate) const UNAVAILABLE: usize = usize::MAX;
 
-/// What recovery did, for the log.
+/// What recovering one session did, for the log.
 #[derive(Default)]
 pub(crate) struct Recovered {
-    pub(crate) sessions: Vec<(SessionId, SessionState)>,
     pub(crate) interrupted_activations: usize,
     pub(crate) cancelled_activations: usize,
     pub(crate) unknown_effects: usize,
-    /// Sessions whose journals could not be read (corruption), with why.
-    pub(crate) unreadable: Vec<(SessionId, String)>,
-}
-
-/// Recovers every session of `journal`. `registrations` are in the pool's order (by name).
-pub(crate) fn recover(
-    journal: &dyn Journal,
-    registrations: &[Registration],
-    data_dir: &Path,
-) -> Result<Recovered, JournalError> {
-    let mut recovered = Recovered::default();
-    for id in journal.sessions()? {
-        match recover_session(journal, &id, registrations, data_dir, &mut recovered) {
-            Ok(state) => recovered.sessions.push((id, state)),
-            Err(error) => {
-                log::error!("session {id}: cannot be recovered: {error}");
-                recovered.unreadable.push((id, error.to_string()));
-            }
-        }
-    }
-    Ok(recovered)
 }
 
 fn finished_kind(started: &str) -> Option<RecordKind> {
@@ -64,7 +43,45 @@ fn finished_kind(started: &str) -> Option<RecordKind> {
     }
 }
 
-fn recover_session(
+/// A session's registration index (or [`UNAVAILABLE`]) and slot.
+pub(crate) type Placement = (usize, u32);
+
+/// Lists the journal's sessions without reading their records beyond the first: each one's
+/// registration index and slot, from its `session_created` record. Recovery happens on first use.
+pub(crate) fn dormant_sessions(
+    journal: &dyn Journal,
+    registrations: &[Registration],
+) -> Result<Vec<(SessionId, Placement)>, JournalError> {
+    let mut dormant = Vec::new();
+    for id in journal.sessions()? {
+        let created = match journal.read(&id, 0, 1) {
+            Ok(records) => records.into_iter().next(),
+            Err(error) => {
+                log::error!("session {id}: unreadable: {error}");
+                continue;
+            }
+        };
+        let Some(created) = created else { continue };
+        let name = created.data.get("registration").and_then(Value::as_str);
+        let slot = created
+            .data
+            .get("worker")
+            .and_then(Value::as_u64)
+            .and_then(|w| u32::try_from(w).ok());
+        let placement = match (name, slot) {
+            (Some(name), Some(slot)) => registrations
+                .iter()
+                .position(|r| r.name == name && slot < r.workers)
+                .map_or((UNAVAILABLE, slot), |index| (index, slot)),
+            _ => (UNAVAILABLE, 0),
+        };
+        dormant.push((id, placement));
+    }
+    Ok(dormant)
+}
+
+/// Recovers one session (see the module docs) and rebuilds its state.
+pub(crate) fn recover_session(
     journal: &dyn Journal,
     id: &SessionId,
     registrations: &[Registration],

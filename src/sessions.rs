@@ -509,6 +509,12 @@ impl Dispatcher {
                 running[session.slot as usize] += 1;
             }
         }
+        // Sessions not loaded since the start count as open: their status is not read yet.
+        for &(r, slot) in self.dormant.values() {
+            if r == registration && (slot as usize) < open.len() {
+                open[slot as usize] += 1;
+            }
+        }
         (0..slots)
             .filter(|&slot| self.pool.healthy_key(registration, slot).is_some())
             .min_by_key(|&slot| (open[slot as usize], running[slot as usize], slot))

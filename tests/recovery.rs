@@ -115,14 +115,40 @@ fn a_crash_mid_activation_interrupts_the_session_and_finishes_its_effects_unknow
     assert_eq!(completed.info().unwrap().worker, 0);
     drop(second);
 
-    // Nothing more is written at the next restart: recovery happened once.
+    // Nothing more is written at the next restart: recovery happened once. Startup itself reads
+    // nothing but each session's first record; recovery runs on a session's first use.
     let before = journal.read(id, 0, 1000).unwrap().len();
     let third = start_on(&journal, "recovery-3");
-    assert_eq!(journal.read(id, 0, 1000).unwrap().len(), before);
     assert_eq!(
         third.session(id).info().unwrap().status,
         SessionStatus::Interrupted
     );
+    assert_eq!(journal.read(id, 0, 1000).unwrap().len(), before);
+}
+
+#[test]
+fn recovery_happens_on_first_use_not_at_startup() {
+    let journal = Arc::new(MemoryJournal::new());
+    let first = start_on(&journal, "lazy-1");
+    let session = first
+        .create_session_json(br#"{"agentloop": {"name": "r"}}"#)
+        .unwrap();
+    drop(first);
+    let id = session.id().clone();
+    let queued = journal
+        .append(&id, record(RecordKind::ActivationQueued, json!({})))
+        .unwrap();
+    let second = start_on(&journal, "lazy-2");
+    // Started: nothing was written yet for the session left with a queued activation.
+    assert_eq!(
+        journal.read(&id, 0, 100).unwrap().last().unwrap().sequence,
+        queued
+    );
+    // Its first use recovers it before answering.
+    let session = second.session(&id);
+    let last = session.events(0, 100).unwrap().pop().unwrap();
+    assert_eq!(last.event_type, "activation_finished");
+    assert_eq!(last.data["outcome"], "cancelled");
 }
 
 #[test]
