@@ -147,6 +147,28 @@ struct Acknowledged {
     finished: HashMap<(String, u64), String>,
 }
 
+impl Acknowledged {
+    /// Notes one line of the child's output; `false` for lines that acknowledge nothing
+    /// (libtest's own output).
+    fn note(&mut self, line: &str) -> bool {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match words.as_slice() {
+            ["S", id] => {
+                self.sessions.insert(id.to_string());
+            }
+            ["Q", id, seq] => {
+                self.queued.insert((id.to_string(), seq.parse().unwrap()));
+            }
+            ["F", id, seq, outcome] => {
+                self.finished
+                    .insert((id.to_string(), seq.parse().unwrap()), outcome.to_string());
+            }
+            _ => return false,
+        }
+        true
+    }
+}
+
 /// Runs one child until it has acknowledged `lines` things, then SIGKILLs it.
 fn run_child_and_kill(dir: &Path, lines: u64, acknowledged: &mut Acknowledged) {
     let mut child = Command::new(std::env::current_exe().unwrap())
@@ -177,24 +199,9 @@ fn run_child_and_kill(dir: &Path, lines: u64, acknowledged: &mut Acknowledged) {
             let _ = child.kill();
             panic!("the child stopped acknowledging after {seen} lines");
         };
-        let words: Vec<&str> = line.split_whitespace().collect();
-        match words.as_slice() {
-            ["S", id] => {
-                acknowledged.sessions.insert(id.to_string());
-            }
-            ["Q", id, seq] => {
-                acknowledged
-                    .queued
-                    .insert((id.to_string(), seq.parse().unwrap()));
-            }
-            ["F", id, seq, outcome] => {
-                acknowledged
-                    .finished
-                    .insert((id.to_string(), seq.parse().unwrap()), outcome.to_string());
-            }
-            _ => continue, // libtest's own output
+        if acknowledged.note(&line) {
+            seen += 1;
         }
-        seen += 1;
     }
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(child.id() as i32),
@@ -203,24 +210,9 @@ fn run_child_and_kill(dir: &Path, lines: u64, acknowledged: &mut Acknowledged) {
     .unwrap();
     let _ = child.wait();
     // Lines acknowledged before the kill may still be in the pipe: they count too.
-    while let Ok(line) = rx.recv_timeout(std::time::Duration::from_millis(200)) {
-        let words: Vec<&str> = line.split_whitespace().collect();
-        match words.as_slice() {
-            ["S", id] => {
-                acknowledged.sessions.insert(id.to_string());
-            }
-            ["Q", id, seq] => {
-                acknowledged
-                    .queued
-                    .insert((id.to_string(), seq.parse().unwrap()));
-            }
-            ["F", id, seq, outcome] => {
-                acknowledged
-                    .finished
-                    .insert((id.to_string(), seq.parse().unwrap()), outcome.to_string());
-            }
-            _ => {}
-        }
+    // The reader thread ends when the pipe closes (the child is dead), which ends this loop.
+    while let Ok(line) = rx.recv_timeout(WAIT) {
+        acknowledged.note(&line);
     }
 }
 

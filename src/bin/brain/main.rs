@@ -429,17 +429,7 @@ fn start_brain(
     config.options = options;
     config.effects = effects;
     config.storage = storage;
-    match Brain::start(config) {
-        Ok(brain) => Ok(brain),
-        Err(error) if error.is_configuration() => {
-            eprintln!("brain: configuration refused: {error}");
-            Err(ExitCode::from(EXIT_CONFIG))
-        }
-        Err(error) => {
-            eprintln!("brain: {error}");
-            Err(ExitCode::FAILURE)
-        }
-    }
+    start_config(config)
 }
 
 fn run(args: &[String]) -> ExitCode {
