@@ -32,8 +32,9 @@ pub enum Storage {
     /// process's life, its format checked, harness identities bound to it, and sessions recovered
     /// from it at start.
     DataDir,
-    /// In memory: nothing is written to disk and nothing survives the process. For `brain check`,
-    /// tests and benchmarks; harness identities are not bound to any data directory.
+    /// In memory: no lock, no journal, format or identity file, and nothing survives the
+    /// process. For `brain check`, tests and benchmarks. Sessions created on it still get a native
+    /// state directory for their harness under `<data_dir>/agentloops/`.
     Ephemeral,
     /// An embedder's journal. Sessions already in it are recovered at start (interrupted
     /// activations recorded, unknown effects finished) before anything is served.
@@ -187,6 +188,39 @@ pub struct Brain {
     queues: Vec<(String, u32, Arc<CapacityQueue<QueueEntry>>)>,
     /// The durable journal, for its flush counters.
     disk: Option<Arc<DiskJournal>>,
+    /// Dropping it stops the compaction thread.
+    _compactor: Option<Sender<()>>,
+}
+
+/// How often deleted sessions' space is reclaimed while Brain runs.
+const COMPACTION_INTERVAL: Duration = Duration::from_secs(600);
+
+/// Reclaims the segments that hold only deleted sessions' records; logs what it did.
+fn compact(journal: &DiskJournal) {
+    match journal.compact() {
+        Ok(report) if report.segments_removed > 0 => log::info!(
+            "journal compaction removed {} segments ({} bytes)",
+            report.segments_removed,
+            report.bytes_reclaimed
+        ),
+        Ok(_) => {}
+        Err(error) => log::warn!("journal compaction failed: {error}"),
+    }
+}
+
+/// Compacts the journal every [`COMPACTION_INTERVAL`] until the returned sender is dropped.
+fn start_compactor(journal: Arc<DiskJournal>) -> std::io::Result<Sender<()>> {
+    let (stop, stopped) = crossbeam_channel::bounded::<()>(0);
+    std::thread::Builder::new()
+        .name("brain-compact".into())
+        .spawn(move || {
+            while let Err(crossbeam_channel::RecvTimeoutError::Timeout) =
+                stopped.recv_timeout(COMPACTION_INTERVAL)
+            {
+                compact(&journal);
+            }
+        })?;
+    Ok(stop)
 }
 
 fn registration_list(
@@ -257,11 +291,19 @@ impl Brain {
                             ),
                         }
                     })?);
+                compact(&journal);
                 disk = Some(journal.clone());
                 (journal, Some(Arc::new(datadir)))
             }
             Storage::Ephemeral => (Arc::new(MemoryJournal::new()), None),
             Storage::Journal(journal) => (journal, None),
+        };
+        let compactor = match &disk {
+            Some(journal) => Some(
+                start_compactor(journal.clone())
+                    .map_err(io_error("starting the compaction thread"))?,
+            ),
+            None => None,
         };
         // Sessions are recovered on first use: startup reads one record of each.
         let registrations = registration_list(&resolved);
@@ -323,7 +365,6 @@ impl Brain {
             journal.clone(),
             config.effects.clone(),
             internal_tx.clone(),
-            metrics.clone(),
         )
         .map_err(io_error("starting the callback threads"))?;
         let pool = Pool::new(
@@ -370,6 +411,7 @@ impl Brain {
             journal,
             metrics,
             queues: gauge_queues,
+            _compactor: compactor,
             disk,
         };
         match startup.recv() {

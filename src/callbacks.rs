@@ -44,6 +44,7 @@ pub(crate) struct Job {
     /// The session's environment incarnations when the callback was admitted.
     incarnations: HashMap<String, u64>,
     cancel: CancelToken,
+    metrics: Arc<Metrics>,
 }
 
 impl Job {
@@ -76,20 +77,18 @@ impl Executor {
         journal: Arc<dyn Journal>,
         effects: Effects,
         internal: Sender<Internal>,
-        metrics: Arc<Metrics>,
     ) -> std::io::Result<Executor> {
         let (jobs, queue) = crossbeam_channel::unbounded::<Job>();
         for n in 0..threads.max(1) {
-            let (queue, journal, effects, internal, metrics) = (
+            let (queue, journal, effects, internal) = (
                 queue.clone(),
                 journal.clone(),
                 effects.clone(),
                 internal.clone(),
-                metrics.clone(),
             );
             std::thread::Builder::new()
                 .name(format!("brain-callback-{n}"))
-                .spawn(move || serve(queue, &*journal, &effects, &internal, &metrics))?;
+                .spawn(move || serve(queue, &*journal, &effects, &internal))?;
         }
         Ok(Executor { jobs })
     }
@@ -105,20 +104,10 @@ fn serve(
     journal: &dyn Journal,
     effects: &Effects,
     internal: &Sender<Internal>,
-    metrics: &Metrics,
 ) {
     while let Ok(job) = queue.recv() {
         let mut incarnation = None;
         let answer = run(&job, journal, effects, &mut incarnation);
-        let tool_unknown = matches!(&answer, Ok(value)
-            if value.pointer("/result/outcome") == Some(&json!("unknown")));
-        if tool_unknown
-            || answer
-                .as_ref()
-                .is_err_and(|e| error_code(e) == Some(ErrorCode::OutcomeUnknown))
-        {
-            metrics.unknown_outcome();
-        }
         let done = CallbackDone {
             method: job.method(),
             session: job.session,
@@ -154,6 +143,9 @@ fn append(
     data: Value,
     origin: Option<EventOrigin>,
 ) -> Result<u64, RpcError> {
+    if data.get("outcome") == Some(&json!("unknown")) {
+        job.metrics.unknown_outcome();
+    }
     append_durable(journal, &job.session, NewRecord { kind, data, origin }).map_err(journal_failed)
 }
 
@@ -714,6 +706,7 @@ impl Dispatcher {
             spec,
             incarnations,
             cancel,
+            metrics: self.metrics.clone(),
         });
         Ok(())
     }

@@ -364,6 +364,29 @@ fn serve(data: &str, extra: &[&str]) -> (std::process::Child, String) {
     }
 }
 
+/// Kills and reaps the child when dropped (a failed assertion must not leave a server running),
+/// unless it was disarmed.
+struct KillOnDrop(Option<std::process::Child>);
+
+impl KillOnDrop {
+    fn id(&self) -> u32 {
+        self.0.as_ref().map_or(0, std::process::Child::id)
+    }
+
+    fn disarm(mut self) -> std::process::Child {
+        self.0.take().expect("armed")
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
 /// Waits (bounded by WAIT) for the child to exit; returns its exit code.
 fn wait_exit(mut child: std::process::Child) -> Option<i32> {
     let pid = child.id();
@@ -388,6 +411,7 @@ fn serve_answers_probes_and_clients_and_stops_cleanly_on_sigterm() {
     let data = temp_dir("cli-serve").join("data");
     let data_arg = data.to_string_lossy().into_owned();
     let (child, address) = serve(&data_arg, &[]);
+    let child = KillOnDrop(Some(child));
     assert_eq!(
         brain(&["ready", "--listen", &address]).status.code(),
         Some(0)
@@ -416,7 +440,7 @@ fn serve_answers_probes_and_clients_and_stops_cleanly_on_sigterm() {
         nix::sys::signal::Signal::SIGTERM,
     )
     .unwrap();
-    assert_eq!(wait_exit(child), Some(0));
+    assert_eq!(wait_exit(child.disarm()), Some(0));
     // The lock was released: another Brain can use the directory.
     let output = run_in(&data_arg, &[], "after");
     assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));

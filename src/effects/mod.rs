@@ -2,7 +2,7 @@
 //!
 //! A harness never talks to a model or a tool itself: it asks Brain through `brain/call` (`model`,
 //! `tool`, `environments.*`), and Brain performs the effect across a durable journal barrier
-//! (PROTOCOL.md §7.1): it makes the `*_started` record durable, calls the provider or driver
+//! (docs/PROTOCOL.md §7.4): it makes the `*_started` record durable, calls the provider or driver
 //! **exactly once** (never retried, never sent to another target), makes the `*_finished` record
 //! durable, then answers the callback.
 //!

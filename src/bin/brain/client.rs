@@ -86,9 +86,36 @@ fn token(data_dir: &Path) -> Result<String, String> {
         })
 }
 
+/// Why a client command failed: a usage error (exit 2) or anything else (exit 1).
+pub enum Failure {
+    Usage(String),
+    Other(String),
+}
+
 /// `brain sessions list|show|events|cancel|close|delete`.
-pub fn sessions(listen: &str, data_dir: &Path, args: &[String]) -> Result<ExitCode, String> {
-    let token = token(data_dir)?;
+pub fn sessions(listen: &str, data_dir: &Path, args: &[String]) -> Result<ExitCode, Failure> {
+    let (method, path) = route(args).map_err(Failure::Usage)?;
+    let token = token(data_dir).map_err(Failure::Other)?;
+    let (status, body) =
+        request(listen, method, &path, Some(&token), None).map_err(Failure::Other)?;
+    if !body.is_empty() {
+        match serde_json::from_str::<serde_json::Value>(&body) {
+            Ok(json) => println!(
+                "{}",
+                serde_json::to_string_pretty(&json).unwrap_or(body.clone())
+            ),
+            Err(_) => println!("{body}"),
+        }
+    }
+    Ok(if (200..300).contains(&status) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// The method and path of a `sessions` subcommand.
+fn route(args: &[String]) -> Result<(&'static str, String), String> {
     let id = |n: usize| -> Result<String, String> {
         let id = args
             .get(n)
@@ -114,19 +141,5 @@ pub fn sessions(listen: &str, data_dir: &Path, args: &[String]) -> Result<ExitCo
         Some(other) => return Err(format!("sessions: unknown subcommand {other:?}")),
         None => return Err("sessions: list, show, events, cancel, close or delete".to_owned()),
     };
-    let (status, body) = request(listen, method, &path, Some(&token), None)?;
-    if !body.is_empty() {
-        match serde_json::from_str::<serde_json::Value>(&body) {
-            Ok(json) => println!(
-                "{}",
-                serde_json::to_string_pretty(&json).unwrap_or(body.clone())
-            ),
-            Err(_) => println!("{body}"),
-        }
-    }
-    Ok(if (200..300).contains(&status) {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    })
+    Ok((method, path))
 }

@@ -20,14 +20,12 @@ const USAGE: &str = "\
 usage: brain <command> [options]
 
 commands:
-  serve    journal   DATA_DIR SESSION_ID [--json]: print a session's records offline, read-only (safe
-            beside a running server)
-  run the server: the HTTP API over a durable Brain; SIGTERM/SIGINT drain, a second
+  serve     run the server: the HTTP API over a durable Brain; SIGTERM/SIGINT drain, a second
             signal skips the drain
   ready     exit 0 when the server at --listen is ready (a probe)
   sessions  list | show ID | events ID [AFTER] | cancel ID | close ID | delete ID, against the
             server at --listen (token from BRAIN_API_TOKEN or <data-dir>/operator.token)
- journal   DATA_DIR SESSION_ID [--json]: print a session's records offline, read-only (safe
+  journal   DATA_DIR SESSION_ID [--json]: print a session's records offline, read-only (safe
             beside a running server)
   run       start Brain, create a session (or continue --session), send MESSAGE, print the
             activation's result or error, stop. Exit 0 completed, 1 failed or cancelled.
@@ -52,7 +50,7 @@ brain sessions [--listen ADDR] [--data-dir DIR] SUBCOMMAND ...
 brain check [options] [--json]
   --json                     print the report as JSON
 
-options (both):
+options (serve, run, check):
   --agentloops FILE|JSON     registrations (default: $BRAIN_AGENTLOOPS, else the bundled
                              reference harness)
   --data-dir DIR             data directory (default ./brain-data)
@@ -262,10 +260,12 @@ fn journal_command(args: &[String]) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
     for record in records {
-        if json {
+        let line = if json {
             match serde_json::to_string(&record) {
-                Ok(line) => println!("{line}"),
+                Ok(line) => line,
                 Err(error) => {
                     eprintln!("brain: rendering record {}: {error}", record.sequence);
                     return ExitCode::FAILURE;
@@ -281,10 +281,18 @@ fn journal_command(args: &[String]) -> ExitCode {
                 data.truncate(end);
                 data.push('…');
             }
-            println!(
+            format!(
                 "{:>6}  {:>13}  {:<20}  {data}",
                 record.sequence, record.recorded_at_ms, record.event_type
-            );
+            )
+        };
+        // A reader that went away (`brain journal … | head`) is not an error.
+        if let Err(error) = writeln!(out, "{line}") {
+            if error.kind() == std::io::ErrorKind::BrokenPipe {
+                return ExitCode::SUCCESS;
+            }
+            eprintln!("brain: writing: {error}");
+            return ExitCode::FAILURE;
         }
     }
     ExitCode::SUCCESS
@@ -305,9 +313,10 @@ fn sessions_command(args: &[String]) -> ExitCode {
     };
     match client::sessions(&listen, &data_dir, &rest) {
         Ok(code) => code,
-        Err(message) => {
+        Err(client::Failure::Usage(message)) => usage_error(&message),
+        Err(client::Failure::Other(message)) => {
             eprintln!("brain: {message}");
-            ExitCode::from(EXIT_USAGE)
+            ExitCode::FAILURE
         }
     }
 }
