@@ -379,12 +379,16 @@ impl Dispatcher {
     /// Begins shutdown: refuse new work, end queued activations, cancel running ones, and stop
     /// the workers once nothing runs (or one cancel grace later).
     fn begin_shutdown(&mut self, drain: Duration, grace: Duration) {
-        if self.stopping.is_some() {
-            // A second request skips the drain and the grace: stop the workers now.
-            if let Some(stopping) = &mut self.stopping {
-                stopping.grace = Duration::ZERO;
+        if let Some(stopping) = &mut self.stopping {
+            // A second request skips the drain: the workers are sent `shutdown` now, even with runs
+            // in flight, and killed `grace` later (PROTOCOL.md §5.1). A zero grace kills at once.
+            stopping.grace = stopping.grace.min(grace);
+            let already = stopping.workers_stopped;
+            if !already {
+                self.stop_workers();
+            } else if grace.is_zero() {
+                self.pool.begin_shutdown(Duration::ZERO);
             }
-            self.stop_workers();
             return;
         }
         self.stopping = Some(Stopping {
@@ -413,14 +417,14 @@ impl Dispatcher {
         );
     }
 
+    /// Sends `shutdown` to the workers (kill `grace` later) once; later calls do nothing.
     fn stop_workers(&mut self) {
         let grace = match &mut self.stopping {
             Some(stopping) if !stopping.workers_stopped => {
                 stopping.workers_stopped = true;
                 stopping.grace
             }
-            Some(_) => Duration::ZERO,
-            None => return,
+            Some(_) | None => return,
         };
         self.pool.begin_shutdown(grace);
     }

@@ -887,7 +887,9 @@ fn shutdown_cancels_what_outlives_the_drain_and_a_second_request_skips_the_wait(
     assert_eq!(outcome.outcome, OutcomeKind::Cancelled);
     assert!(began.elapsed() >= Duration::from_millis(200));
 
-    // A harness ignoring both cancel and shutdown: a second request ends the waits at once.
+    // A harness ignoring both cancel and shutdown: a second request skips the drain, sends
+    // `shutdown` at once although a run is in flight, and kills the worker one (shorter) grace
+    // later.
     let brain = Arc::new(start(
         vec![fault("deaf", &["--ignore-shutdown"])],
         options("second-signal"),
@@ -909,8 +911,9 @@ fn shutdown_cancels_what_outlives_the_drain_and_a_second_request_skips_the_wait(
         .wait_for(WAIT, |s| s.shutting_down)
         .expect("shutting down");
     let began = std::time::Instant::now();
-    brain.shutdown_after(Duration::from_secs(60), Duration::from_secs(60));
+    brain.shutdown_after(Duration::from_secs(60), Duration::from_millis(300));
     first.join().unwrap();
+    assert!(began.elapsed() >= Duration::from_millis(300));
     assert!(
         began.elapsed() < Duration::from_secs(10),
         "{:?}",
