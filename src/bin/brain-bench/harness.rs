@@ -1,0 +1,210 @@
+//! `brain-bench __harness`: the harness the Brain arms run, written with Brain's harness SDK.
+//!
+//! Each `run` reads its mode from the session configuration's `bench` key and its plan (a JSON
+//! object) from the text of the user input:
+//!
+//! - `none` (or absent): answers `{}` at once — an activation with no callback;
+//! - `wait`: answers `{}` after `plan.ms` milliseconds (at once when cancelled);
+//! - `kv`: stores a ≈1 KiB value with `kv.put`, then calls `kv.get` of it in a loop;
+//! - `model`: calls `model` with a ≈1 KiB user message in a loop;
+//! - `turn`: the reference harness's loop without its native state file: `model` with the
+//!   transcript and the session's tools, every `tool_use` through `tool`, until the model stops
+//!   asking; then `transcript.set` and the answer `{"text", "rounds"}`.
+//!
+//! The loops run until `plan.end_ns` (Unix nanoseconds, the clock shared with the bench) and count
+//! the callbacks that started at or after `plan.start_ns`: the answer is
+//! `{"calls", "hist"}` (a sparse latency histogram, see `stats.rs`).
+
+use crate::baselines::PAD_BYTES;
+use crate::stats::{Histogram, unix_nanos};
+use brain::harness::{Activation, CallError, Handler, HandlerError, serve};
+use brain::protocol::harness::{
+    Block, Capabilities, Identity, InitializeParams, InitializeResult, Message, ModelCallResult,
+    ModelRequest, PROTOCOL, Role, RunParams, StopReason, ToolCallInput, ToolCallResult,
+    ToolDefinition, TranscriptSetInput,
+};
+use serde_json::{Value, json};
+use std::time::{Duration, Instant};
+
+struct BenchHarness;
+
+impl Handler for BenchHarness {
+    fn initialize(&self, _: &InitializeParams) -> Result<InitializeResult, HandlerError> {
+        Ok(InitializeResult {
+            protocol: PROTOCOL.to_owned(),
+            identity: Identity {
+                name: "brain-bench-harness".to_owned(),
+                version: env!("CARGO_PKG_VERSION").to_owned(),
+            },
+            state_version: "1".to_owned(),
+            capabilities: Capabilities::default(),
+            configuration_keys: None,
+            required_model_metadata: Vec::new(),
+        })
+    }
+
+    fn run(&self, activation: &Activation) -> Result<Option<Value>, HandlerError> {
+        let params = activation.params();
+        let mode = params
+            .pointer("/input/configuration/bench")
+            .and_then(Value::as_str)
+            .unwrap_or("none");
+        let plan: Value = params
+            .pointer("/input/input/content/0/text")
+            .and_then(Value::as_str)
+            .and_then(|text| serde_json::from_str(text).ok())
+            .unwrap_or(Value::Null);
+        match mode {
+            "none" => Ok(None),
+            "wait" => {
+                let ms = plan.get("ms").and_then(Value::as_u64).unwrap_or(0);
+                activation
+                    .cancel_token()
+                    .wait_timeout(Duration::from_millis(ms));
+                Ok(None)
+            }
+            "kv" => {
+                let value = "v".repeat(PAD_BYTES);
+                activation.call("kv.put", json!({"key": "bench", "value": value}))?;
+                let input = json!({"key": "bench"});
+                call_loop(&plan, || activation.call("kv.get", input.clone()))
+            }
+            "model" => {
+                let request = ModelRequest {
+                    system: None,
+                    messages: vec![Message::text(Role::User, "m".repeat(PAD_BYTES))],
+                    tools: Some(Vec::new()),
+                    max_output_tokens: None,
+                    options: None,
+                };
+                let input = to_json(&request)?;
+                call_loop(&plan, || activation.call("model", input.clone()))
+            }
+            "turn" => turn(activation),
+            other => Err(HandlerError::harness(format!("unknown bench mode {other}"))),
+        }
+    }
+}
+
+/// Calls `call` until `plan.end_ns`, timing those that start at or after `plan.start_ns`.
+fn call_loop(
+    plan: &Value,
+    mut call: impl FnMut() -> Result<Value, CallError>,
+) -> Result<Option<Value>, HandlerError> {
+    let start = plan.get("start_ns").and_then(Value::as_u64).unwrap_or(0);
+    let end = plan.get("end_ns").and_then(Value::as_u64).unwrap_or(0);
+    let mut histogram = Histogram::default();
+    let mut first = None;
+    loop {
+        let now = unix_nanos();
+        if now >= end {
+            break;
+        }
+        let began = Instant::now();
+        call()?;
+        if now >= start {
+            histogram.record(began.elapsed().as_nanos() as u64);
+            first.get_or_insert(now);
+        }
+    }
+    Ok(Some(json!({
+        "calls": histogram.count(),
+        "hist": histogram.to_json(),
+        "late_ms": first.map(|first| first.saturating_sub(start) / 1_000_000),
+    })))
+}
+
+/// One turn of the reference harness's loop, without reading or writing a native state file.
+fn turn(activation: &Activation) -> Result<Option<Value>, HandlerError> {
+    let params: RunParams = serde_json::from_value(activation.params().clone())
+        .map_err(|error| HandlerError::new("invalid_input", format!("run params: {error}")))?;
+    let mut transcript = params.input.transcript.clone();
+    if let Some(user) = &params.input.input {
+        transcript.push(Message {
+            role: Role::User,
+            content: user.content.clone(),
+        });
+    }
+    let tools: Vec<ToolDefinition> = params
+        .input
+        .tools
+        .iter()
+        .map(|tool| ToolDefinition {
+            name: tool.name.clone(),
+            description: tool.description.clone(),
+            input_schema: tool.input_schema.clone(),
+        })
+        .collect();
+    let mut rounds = 0u64;
+    let last = loop {
+        rounds += 1;
+        let request = ModelRequest {
+            system: None,
+            messages: transcript.clone(),
+            tools: Some(tools.clone()),
+            max_output_tokens: None,
+            options: None,
+        };
+        let answer = activation.call("model", to_json(&request)?)?;
+        let answer: ModelCallResult = serde_json::from_value(answer)
+            .map_err(|error| HandlerError::harness(format!("model answer: {error}")))?;
+        let message = answer.result.message;
+        transcript.push(message.clone());
+        let uses: Vec<(String, String, Value)> = message
+            .content
+            .iter()
+            .filter_map(|block| match block {
+                Block::ToolUse { id, name, input } => {
+                    Some((id.clone(), name.clone(), input.clone()))
+                }
+                _ => None,
+            })
+            .collect();
+        if uses.is_empty() || answer.result.stop_reason != StopReason::ToolUse || rounds >= 32 {
+            break message;
+        }
+        let mut results = Vec::with_capacity(uses.len());
+        for (id, name, input) in uses {
+            let call = ToolCallInput {
+                name,
+                input,
+                environment: None,
+            };
+            let answer = activation.call("tool", to_json(&call)?)?;
+            let answer: ToolCallResult = serde_json::from_value(answer)
+                .map_err(|error| HandlerError::harness(format!("tool answer: {error}")))?;
+            results.push(Block::ToolResult {
+                tool_use_id: id,
+                content: answer.result.content,
+                is_error: answer.result.is_error,
+            });
+        }
+        transcript.push(Message {
+            role: Role::User,
+            content: results,
+        });
+    };
+    let saved = TranscriptSetInput {
+        messages: transcript,
+    };
+    activation.call("transcript.set", to_json(&saved)?)?;
+    Ok(Some(json!({"text": last.text_content(), "rounds": rounds})))
+}
+
+fn to_json(value: &impl serde::Serialize) -> Result<Value, HandlerError> {
+    serde_json::to_value(value).map_err(|error| HandlerError::harness(error.to_string()))
+}
+
+/// The `__harness` subcommand.
+pub fn main() -> std::process::ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"))
+        .target(env_logger::Target::Stderr)
+        .init();
+    match serve(&BenchHarness) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            log::error!("reading from Brain failed: {error}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,357 @@
+//! Memory, startup and thread counts, each measured in a fresh child process hosting Brain
+//! (`__memory`, `__startup`, `__threads`), so that earlier arms leave nothing in its heap.
+
+use crate::arms::{self, Harness, Setup};
+use brain::effects::Effects;
+use brain::session::SessionId;
+use brain::{Brain, Storage};
+use parking_lot::Mutex;
+use serde_json::{Value, json};
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Private memory of this process, bytes: `Private_Clean + Private_Dirty + Private_Hugetlb` of
+/// `/proc/self/smaps_rollup`.
+pub fn private_bytes() -> u64 {
+    let text = std::fs::read_to_string("/proc/self/smaps_rollup").unwrap_or_default();
+    text.lines()
+        .filter(|line| line.starts_with("Private_"))
+        .filter_map(|line| line.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .sum::<u64>()
+        * 1024
+}
+
+/// This process's threads by name, digits replaced by `N` (`brain-callback-N`: 64).
+pub fn thread_names() -> Value {
+    let mut names = std::collections::BTreeMap::<String, u64>::new();
+    for entry in std::fs::read_dir("/proc/self/task")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let comm = std::fs::read_to_string(entry.path().join("comm")).unwrap_or_default();
+        let mut name = String::new();
+        for c in comm.trim().chars() {
+            if c.is_ascii_digit() {
+                if !name.ends_with('N') {
+                    name.push('N');
+                }
+            } else {
+                name.push(c);
+            }
+        }
+        *names.entry(name).or_default() += 1;
+    }
+    json!(names)
+}
+
+/// Threads of this process: the entries of `/proc/self/task`.
+pub fn thread_count() -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .map(|entries| entries.count())
+        .unwrap_or(0)
+}
+
+fn setup_from_env() -> Result<Setup, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    Ok(Setup {
+        reference: None,
+        root: std::env::temp_dir(),
+        exe,
+    })
+}
+
+/// Runs this binary as `args` and parses the last line of its stdout as JSON.
+pub fn child_json(args: &[&str]) -> Result<Value, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let output = Command::new(exe)
+        .args(args)
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| format!("running {}: {e}", args[0]))?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let last = stdout.lines().last().unwrap_or_default();
+    if !output.status.success() {
+        return Err(format!("{} failed ({}): {last}", args[0], output.status));
+    }
+    serde_json::from_str(last).map_err(|e| format!("{}: bad output {last:?}: {e}", args[0]))
+}
+
+/// Creates `count` sessions of the bench harness (mode `none`) from `threads` threads, runs one
+/// activation in each, and returns their ids.
+fn open_sessions(brain: &Brain, count: usize, threads: usize) -> Result<Vec<SessionId>, String> {
+    let ids = Mutex::new(Vec::with_capacity(count));
+    let failure = Mutex::new(None);
+    let request = json!({"agentloop": {"name": "bench", "configuration": {"bench": "none"}}});
+    std::thread::scope(|scope| {
+        for t in 0..threads {
+            let mine = count / threads + usize::from(t < count % threads);
+            let (ids, failure, request) = (&ids, &failure, &request);
+            scope.spawn(move || {
+                for _ in 0..mine {
+                    let opened = arms::create(brain, request).and_then(|session| {
+                        let activation = session
+                            .send(arms::text("{}"))
+                            .map_err(|e| format!("send: {e}"))?;
+                        arms::completed(&activation.wait())?;
+                        Ok(session.id().clone())
+                    });
+                    match opened {
+                        Ok(id) => ids.lock().push(id),
+                        Err(error) => {
+                            failure.lock().get_or_insert(error);
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    match failure.into_inner() {
+        Some(error) => Err(error),
+        None => Ok(ids.into_inner()),
+    }
+}
+
+/// Passivates every session of `ids` from `threads` threads.
+fn passivate(brain: &Brain, ids: &[SessionId], threads: usize) -> Result<(), String> {
+    let failure = Mutex::new(None);
+    let chunk = ids.len().div_ceil(threads.max(1)).max(1);
+    std::thread::scope(|scope| {
+        for part in ids.chunks(chunk) {
+            let failure = &failure;
+            scope.spawn(move || {
+                for id in part {
+                    if let Err(error) = brain.session(id).passivate() {
+                        failure.lock().get_or_insert(format!("passivate: {error}"));
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    match failure.into_inner() {
+        Some(error) => Err(error),
+        None => Ok(()),
+    }
+}
+
+/// Memory needs settling: freed pages are not returned at once, and threads that just ended are
+/// still being torn down.
+fn settle() {
+    std::thread::sleep(Duration::from_millis(300));
+}
+
+/// `__memory DIR COUNT`: in a Brain with the durable journal in DIR (two bench workers), the
+/// private memory after a warm-up (M0), after COUNT sessions were created and ran one activation
+/// each (M1, idle and open), and after they were all passivated (M2). Leaves the sessions in DIR
+/// for the startup probe. Prints one JSON object.
+pub fn memory_main(args: &[String]) -> Result<(), String> {
+    let dir = Path::new(args.first().ok_or("usage: __memory DIR COUNT")?);
+    let count: usize = args
+        .get(1)
+        .and_then(|n| n.parse().ok())
+        .ok_or("usage: __memory DIR COUNT")?;
+    let threads = 16;
+    let setup = setup_from_env()?;
+    let brain = arms::start_brain(
+        &setup,
+        Harness::Bench,
+        2,
+        Storage::DataDir,
+        dir,
+        Effects::default(),
+    )?;
+    // The same work on a few sessions first, so that the allocator's arenas, the threads' stacks
+    // and the journal's buffers exist before the baseline.
+    // They are deleted afterwards, so the directory holds exactly COUNT sessions.
+    let warm = open_sessions(&brain, 256.min(count), threads)?;
+    passivate(&brain, &warm, threads)?;
+    for id in &warm {
+        let session = brain.session(id);
+        session.close().map_err(|e| format!("close: {e}"))?;
+        session.delete().map_err(|e| format!("delete: {e}"))?;
+    }
+    drop(warm);
+    settle();
+    let before = private_bytes();
+    let began = Instant::now();
+    let ids = open_sessions(&brain, count, threads)?;
+    let open_seconds = began.elapsed().as_secs_f64();
+    settle();
+    let open = private_bytes();
+    let began = Instant::now();
+    passivate(&brain, &ids, threads)?;
+    let passivate_seconds = began.elapsed().as_secs_f64();
+    settle();
+    let passivated = private_bytes();
+    brain.shutdown(Duration::from_secs(5));
+    let per = |after: u64| (after as f64 - before as f64) / count as f64;
+    println!(
+        "{}",
+        json!({
+            "sessions": count,
+            "private_before": before,
+            "private_open": open,
+            "private_passivated": passivated,
+            "open_idle_bytes_per_session": per(open),
+            "passivated_bytes_per_session": per(passivated),
+            "open_seconds": open_seconds,
+            "passivate_seconds": passivate_seconds,
+            "bench_bytes_per_session": std::mem::size_of::<SessionId>() + 32,
+        })
+    );
+    Ok(())
+}
+
+/// `__startup DIR`: times `Brain::start` (two bench workers, the durable journal in DIR) to ready,
+/// prints `ready` the moment it is ready (the parent times exec to that line), then one JSON
+/// object: the start time, the workers' initialize latencies, the sessions recovered and the
+/// private memory.
+pub fn startup_main(args: &[String]) -> Result<(), String> {
+    let dir = Path::new(args.first().ok_or("usage: __startup DIR")?);
+    let setup = setup_from_env()?;
+    let began = Instant::now();
+    let brain = arms::start_brain(
+        &setup,
+        Harness::Bench,
+        2,
+        Storage::DataDir,
+        dir,
+        Effects::default(),
+    )?;
+    let start_ms = began.elapsed().as_secs_f64() * 1000.0;
+    println!("ready");
+    let init_ms: Vec<f64> = brain
+        .status()
+        .registrations
+        .iter()
+        .flat_map(|registration| registration.workers.iter())
+        .filter_map(|worker| worker.init_latency_ms)
+        .collect();
+    settle();
+    let private = private_bytes();
+    let sessions = brain
+        .sessions()
+        .map_err(|e| format!("sessions: {e}"))?
+        .len();
+    brain.shutdown(Duration::from_secs(5));
+    println!(
+        "{}",
+        json!({"start_ms": start_ms, "init_ms": init_ms, "sessions": sessions, "private": private})
+    );
+    Ok(())
+}
+
+/// Runs `__startup DIR` and adds the time from exec to its `ready` line.
+pub fn startup(dir: &Path) -> Result<Value, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let began = Instant::now();
+    let mut child = Command::new(exe)
+        .arg("__startup")
+        .arg(dir)
+        .stdout(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("running __startup: {e}"))?;
+    let stdout = child.stdout.take().ok_or("no stdout")?;
+    let mut lines = BufReader::new(stdout).lines();
+    let mut exec_ms = None;
+    let mut last = String::new();
+    for line in lines.by_ref() {
+        let line = line.map_err(|e| e.to_string())?;
+        if line == "ready" {
+            exec_ms = Some(began.elapsed().as_secs_f64() * 1000.0);
+        } else {
+            last = line;
+        }
+    }
+    let status = child.wait().map_err(|e| e.to_string())?;
+    if !status.success() {
+        return Err(format!("__startup failed ({status}): {last}"));
+    }
+    let mut value: Value =
+        serde_json::from_str(&last).map_err(|e| format!("__startup: bad output {last:?}: {e}"))?;
+    value["exec_ms"] = json!(exec_ms);
+    Ok(value)
+}
+
+/// `__threads DIR SESSIONS WAIT_MS`: this process's threads with no Brain, with Brain (durable
+/// journal) idle at 1, 2, 4 and 8 bench workers, and at 2 workers with SESSIONS open sessions and
+/// with 64 activations running (each waits WAIT_MS in the harness). Prints one JSON object.
+pub fn threads_main(args: &[String]) -> Result<(), String> {
+    let usage = "usage: __threads DIR SESSIONS WAIT_MS";
+    let root = Path::new(args.first().ok_or(usage)?);
+    let sessions: usize = args.get(1).and_then(|n| n.parse().ok()).ok_or(usage)?;
+    let wait_ms: u64 = args.get(2).and_then(|n| n.parse().ok()).ok_or(usage)?;
+    let setup = setup_from_env()?;
+    let alone = thread_count();
+    let mut by_workers = Vec::new();
+    for workers in [1u32, 2, 4, 8] {
+        let dir = arms::fresh_dir(root, &format!("threads-{workers}"))?;
+        let brain = arms::start_brain(
+            &setup,
+            Harness::Bench,
+            workers,
+            Storage::DataDir,
+            &dir,
+            Effects::default(),
+        )?;
+        settle();
+        let mut entry = json!({"workers": workers, "threads": thread_count()});
+        if workers == 1 {
+            entry["names"] = thread_names();
+        }
+        by_workers.push(entry);
+        brain.shutdown(Duration::from_secs(5));
+        drop(brain);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    let dir = arms::fresh_dir(root, "threads-load")?;
+    let brain = Arc::new(arms::start_brain(
+        &setup,
+        Harness::Bench,
+        2,
+        Storage::DataDir,
+        &dir,
+        Effects::default(),
+    )?);
+    settle();
+    let idle = thread_count();
+    let ids = open_sessions(&brain, sessions, 4)?;
+    settle();
+    let with_sessions = thread_count();
+    let waiting = json!({"agentloop": {"name": "bench", "configuration": {"bench": "wait"}}});
+    let running: Vec<_> = (0..64)
+        .map(|_| {
+            let session = arms::create(&brain, &waiting)?;
+            session
+                .send(arms::text(json!({ "ms": wait_ms }).to_string()))
+                .map_err(|e| format!("send: {e}"))
+        })
+        .collect::<Result<_, _>>()?;
+    std::thread::sleep(Duration::from_millis(wait_ms / 3));
+    let with_activations = thread_count();
+    for activation in running {
+        arms::completed(&activation.wait())?;
+    }
+    drop(ids);
+    brain.shutdown(Duration::from_secs(5));
+    let _ = std::fs::remove_dir_all(&dir);
+    println!(
+        "{}",
+        json!({
+            "without_brain": alone,
+            "idle": by_workers,
+            "two_workers": {
+                "idle": idle,
+                "sessions": sessions,
+                "with_sessions": with_sessions,
+                "activations_64_running": with_activations,
+            },
+        })
+    );
+    Ok(())
+}
