@@ -9,8 +9,8 @@
 //! - The data directory is 0700 and the token file 0600, even under a umask of 0.
 //! - Every `/v1` route of the real binary refuses a missing or wrong token and does nothing.
 //! - Oversized bodies are refused before they are read, and hundreds of idle connections neither
-//!   starve the probes nor grow the server's threads. Two ignored tests show known bugs: half-sent
-//!   requests stall the server, and idle connections closing at once get real requests refused.
+//!   starve the probes nor grow the server's threads; half-sent requests do not stall the server,
+//!   and idle connections closing at once do not get real requests refused.
 //!
 //! Every wait is bounded; every `brain serve` is stopped and reaped on every path.
 
@@ -685,9 +685,6 @@ fn hundreds_of_idle_connections_do_not_exhaust_the_server() {
 }
 
 #[test]
-#[ignore = "bug: idle connections that close at once are each queued for an HTTP worker as if \
-            they held a request; past the accept queue (64) real requests arriving meanwhile are \
-            refused 503 overloaded"]
 fn idle_connections_closing_at_once_do_not_refuse_real_requests() {
     let server = Served::start("security-mass-close", &[("BRAIN_API_TOKEN", API_TOKEN)]);
     let mut refused = Vec::new();
@@ -726,9 +723,6 @@ fn idle_connections_closing_at_once_do_not_refuse_real_requests() {
 }
 
 #[test]
-#[ignore = "bug: a client that sends part of a request head holds an HTTP worker thread for the \
-            whole read timeout (30 s in brain serve), so 16 such clients (the default thread \
-            count) stall every other request, probes included"]
 fn half_sent_requests_do_not_stall_the_server() {
     let server = Served::start("security-slow", &[("BRAIN_API_TOKEN", API_TOKEN)]);
     assert_eq!(server.call("GET", "/v1/sessions", None).status, 200);

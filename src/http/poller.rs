@@ -1,6 +1,7 @@
 //! The accept thread: owns the listener and every idle connection, waits in `poll(2)`, and hands
 //! a connection to the workers once it has bytes to read.
 
+use super::request::MAX_HEAD_BYTES;
 use super::response::Response;
 use super::server::{Conn, Shared};
 use crossbeam_channel::{Receiver, Sender, TrySendError};
@@ -56,7 +57,25 @@ impl Poller {
         while !self.shared.stopping() {
             self.take_returned();
             let now = Instant::now();
-            self.idle.retain(|(_, deadline)| *deadline > now);
+            let shared = self.shared.clone();
+            self.idle.retain(|(conn, deadline)| {
+                if *deadline > now {
+                    return true;
+                }
+                // Part of a request arrived, the rest did not in time: say so and close.
+                if !conn.buf.is_empty() {
+                    refuse(
+                        &shared,
+                        &conn.stream,
+                        Response::error(
+                            408,
+                            "invalid_request",
+                            "the request did not arrive in time",
+                        ),
+                    );
+                }
+                false
+            });
             if self.paused_until.is_some_and(|until| until <= now) {
                 self.paused_until = None;
             }
@@ -69,12 +88,16 @@ impl Poller {
                 }
             };
             self.drain_wakes();
-            // Hand over ready connections, from the back so that indices stay valid.
+            // Take the ready connections out (from the back, so indices stay valid), then read
+            // what they sent without blocking.
+            let mut readable = Vec::new();
             for index in (0..ready.idle.len()).rev() {
                 if ready.idle[index] {
-                    let (conn, _) = self.idle.swap_remove(index);
-                    self.dispatch(conn);
+                    readable.push(self.idle.swap_remove(index));
                 }
+            }
+            for (conn, deadline) in readable {
+                self.receive(conn, deadline);
             }
             if accepting && ready.listener {
                 self.accept_all();
@@ -190,6 +213,21 @@ impl Poller {
         self.idle.push((Conn::new(stream, peer, open), deadline));
     }
 
+    /// Reads what a readable connection sent, without blocking. Only a complete request head (or
+    /// one already too large, or a client that closed after part of one) goes to a worker: a
+    /// client sending half a request keeps no worker waiting, and a connection that was merely
+    /// closed is dropped here instead of taking a place in the workers' queue.
+    fn receive(&mut self, mut conn: Conn, deadline: Instant) {
+        match read_available(&mut conn) {
+            Available::Closed if conn.buf.is_empty() => {}
+            Available::Closed => self.dispatch(conn),
+            Available::More if head_complete(&conn.buf) || conn.buf.len() > MAX_HEAD_BYTES => {
+                self.dispatch(conn)
+            }
+            Available::More => self.idle.push((conn, deadline)),
+        }
+    }
+
     /// Queues a connection with a request ready for the workers; when the queue is full it is
     /// answered `503 overloaded` at once.
     fn dispatch(&mut self, conn: Conn) {
@@ -203,6 +241,44 @@ impl Poller {
             Err(TrySendError::Disconnected(_)) => {}
         }
     }
+}
+
+/// What a non-blocking read found.
+enum Available {
+    /// The bytes that had arrived are in the buffer; more may come.
+    More,
+    /// The client closed its side (or the connection failed).
+    Closed,
+}
+
+/// Appends every byte that has arrived to the connection's buffer without blocking, stopping a
+/// little past the head limit.
+fn read_available(conn: &mut Conn) -> Available {
+    if conn.stream.set_nonblocking(true).is_err() {
+        return Available::Closed;
+    }
+    let mut chunk = [0u8; 8192];
+    let found = loop {
+        if conn.buf.len() > MAX_HEAD_BYTES {
+            break Available::More;
+        }
+        match conn.stream.read(&mut chunk) {
+            Ok(0) => break Available::Closed,
+            Ok(n) => conn.buf.extend_from_slice(&chunk[..n]),
+            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => break Available::More,
+            Err(error) if error.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => break Available::Closed,
+        }
+    };
+    if conn.stream.set_nonblocking(false).is_err() {
+        return Available::Closed;
+    }
+    found
+}
+
+/// Whether the buffer holds a whole request head (after any blank lines before it).
+fn head_complete(buf: &[u8]) -> bool {
+    buf.windows(4).any(|w| w == b"\r\n\r\n")
 }
 
 /// Which of the polled descriptors are ready.
