@@ -111,6 +111,11 @@ impl StartError {
         }
     }
 
+    /// Whether startup was abandoned (a signal, or a shutdown during startup) rather than failed.
+    pub fn aborted(&self) -> bool {
+        matches!(self.kind, StartErrorKind::Aborted)
+    }
+
     /// The registration at fault, when one is.
     pub fn registration(&self) -> Option<&str> {
         match &self.kind {
@@ -268,6 +273,16 @@ impl Brain {
     /// declare. Workers that failed are not a refusal: they are respawned, and [`Brain::ready`]
     /// tells whether any worker serves.
     pub fn start(config: Config) -> Result<Brain, StartError> {
+        Brain::start_until(config, &crossbeam_channel::never())
+    }
+
+    /// [`Brain::start`], abandoned as soon as `abort` receives (or disconnects): whatever was
+    /// started is stopped at once and the error says so ([`StartError::aborted`]). `brain serve`
+    /// passes its signals here, so a signal during startup aborts it.
+    pub fn start_until(
+        config: Config,
+        abort: &crossbeam_channel::Receiver<()>,
+    ) -> Result<Brain, StartError> {
         let cwd = std::env::current_dir().map_err(io_error("reading the working directory"))?;
         let mut resolved = Vec::with_capacity(config.registrations.len());
         for registration in config.registrations.iter() {
@@ -414,7 +429,11 @@ impl Brain {
             _compactor: compactor,
             disk,
         };
-        match startup.recv() {
+        let outcome = crossbeam_channel::select! {
+            recv(startup) -> outcome => outcome,
+            recv(abort) -> _ => Err(crossbeam_channel::RecvError),
+        };
+        match outcome {
             Ok(Ok(())) => Ok(brain),
             Ok(Err(refusal)) => {
                 brain.stop(Duration::ZERO);

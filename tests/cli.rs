@@ -496,3 +496,71 @@ fn journal_prints_a_session_offline_beside_a_running_brain() {
     // The running Brain was not disturbed.
     assert!(running.ready());
 }
+
+#[test]
+fn a_signal_during_startup_aborts_it() {
+    use std::io::BufRead;
+    let data = temp_dir("cli-abort").join("data");
+    let registrations = serde_json::json!({
+        "slow": {"command": FAULT_HARNESS, "args": ["--never-init"]},
+    });
+    let mut child = Command::new(BRAIN)
+        .args([
+            "serve",
+            "--data-dir",
+            &data.to_string_lossy(),
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .args([
+            "--init-deadline",
+            "60s",
+            "--agentloops",
+            &registrations.to_string(),
+        ])
+        .env("RUST_LOG", "info")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn brain serve");
+    let stderr = child.stderr.take().unwrap();
+    let child = KillOnDrop(Some(child));
+    let (tx, rx) = crossbeam_channel::unbounded();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(line);
+        }
+    });
+    // Startup is under way once the worker was started: it will never answer initialize.
+    loop {
+        let line = rx.recv_timeout(WAIT).expect("the worker starts");
+        if line.contains("worker slow/0: started pid") {
+            break;
+        }
+    }
+    let began = std::time::Instant::now();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    assert_eq!(wait_exit(child.disarm()), Some(0));
+    assert!(
+        began.elapsed() < std::time::Duration::from_secs(10),
+        "startup was not aborted: {:?}",
+        began.elapsed()
+    );
+    // The process has exited, so its stderr closes and the reader thread ends.
+    let mut logged = Vec::new();
+    while let Ok(line) = rx.recv_timeout(WAIT) {
+        logged.push(line);
+    }
+    assert!(
+        logged.iter().any(|l| l.contains("startup aborted")),
+        "{logged:?}"
+    );
+}

@@ -125,16 +125,17 @@ fn init_logging_as(default: &str, json: bool) {
 
 /// Starts Brain from a full configuration or reports why not, as an exit code.
 fn start_config(config: Config) -> Result<Brain, ExitCode> {
-    match Brain::start(config) {
-        Ok(brain) => Ok(brain),
-        Err(error) if error.is_configuration() => {
-            eprintln!("brain: configuration refused: {error}");
-            Err(ExitCode::from(EXIT_CONFIG))
-        }
-        Err(error) => {
-            eprintln!("brain: {error}");
-            Err(ExitCode::FAILURE)
-        }
+    Brain::start(config).map_err(|error| report_start_error(&error))
+}
+
+/// Reports a refused start and turns it into its exit code (78 for refused configuration).
+fn report_start_error(error: &brain::StartError) -> ExitCode {
+    if error.is_configuration() {
+        eprintln!("brain: configuration refused: {error}");
+        ExitCode::from(EXIT_CONFIG)
+    } else {
+        eprintln!("brain: {error}");
+        ExitCode::FAILURE
     }
 }
 
