@@ -328,8 +328,9 @@ fn another_state_version_or_format_refuses_startup_with_78() {
     assert!(stderr.contains("new data directory"), "{stderr}");
 }
 
-/// Starts `brain serve` on an ephemeral port; returns the child and its address.
-fn serve(data: &str, extra: &[&str]) -> (std::process::Child, String) {
+/// Spawns `brain serve` on an ephemeral port with `extra` arguments; returns the child (killed
+/// and reaped if dropped armed) and its stderr lines.
+fn spawn_serve(data: &str, extra: &[&str]) -> (KillOnDrop, crossbeam_channel::Receiver<String>) {
     use std::io::BufRead;
     let mut child = Command::new(BRAIN)
         .args(["serve", "--data-dir", data, "--listen", "127.0.0.1:0"])
@@ -341,9 +342,10 @@ fn serve(data: &str, extra: &[&str]) -> (std::process::Child, String) {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("spawn brain serve");
-    let stderr = child.stderr.take().unwrap();
+    let stderr = child.stderr.take();
     let (tx, rx) = crossbeam_channel::unbounded();
     std::thread::spawn(move || {
+        let Some(stderr) = stderr else { return };
         for line in std::io::BufReader::new(stderr)
             .lines()
             .map_while(Result::ok)
@@ -351,17 +353,32 @@ fn serve(data: &str, extra: &[&str]) -> (std::process::Child, String) {
             let _ = tx.send(line);
         }
     });
+    (KillOnDrop(Some(child)), rx)
+}
+
+/// Waits (bounded by WAIT) for a log line containing `needle`; returns it.
+fn wait_for_line(lines: &crossbeam_channel::Receiver<String>, needle: &str) -> String {
     loop {
-        let Ok(line) = rx.recv_timeout(WAIT) else {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("brain serve did not log where it listens");
-        };
-        if let Some(rest) = line.split("serving on http://").nth(1) {
-            let address = rest.split_whitespace().next().unwrap().to_owned();
-            return (child, address);
+        let line = lines
+            .recv_timeout(WAIT)
+            .unwrap_or_else(|_| panic!("brain serve never logged {needle:?}"));
+        if line.contains(needle) {
+            return line;
         }
     }
+}
+
+/// Starts `brain serve` on an ephemeral port; returns the child and its address.
+fn serve(data: &str, extra: &[&str]) -> (KillOnDrop, String) {
+    let (child, lines) = spawn_serve(data, extra);
+    let line = wait_for_line(&lines, "serving on http://");
+    let address = line
+        .split("serving on http://")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .expect("an address")
+        .to_owned();
+    (child, address)
 }
 
 /// Kills and reaps the child when dropped (a failed assertion must not leave a server running),
@@ -411,7 +428,6 @@ fn serve_answers_probes_and_clients_and_stops_cleanly_on_sigterm() {
     let data = temp_dir("cli-serve").join("data");
     let data_arg = data.to_string_lossy().into_owned();
     let (child, address) = serve(&data_arg, &[]);
-    let child = KillOnDrop(Some(child));
     assert_eq!(
         brain(&["ready", "--listen", &address]).status.code(),
         Some(0)
@@ -499,49 +515,21 @@ fn journal_prints_a_session_offline_beside_a_running_brain() {
 
 #[test]
 fn a_signal_during_startup_aborts_it() {
-    use std::io::BufRead;
     let data = temp_dir("cli-abort").join("data");
     let registrations = serde_json::json!({
         "slow": {"command": FAULT_HARNESS, "args": ["--never-init"]},
     });
-    let mut child = Command::new(BRAIN)
-        .args([
-            "serve",
-            "--data-dir",
-            &data.to_string_lossy(),
-            "--listen",
-            "127.0.0.1:0",
-        ])
-        .args([
+    let (child, rx) = spawn_serve(
+        &data.to_string_lossy(),
+        &[
             "--init-deadline",
             "60s",
             "--agentloops",
             &registrations.to_string(),
-        ])
-        .env("RUST_LOG", "info")
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("spawn brain serve");
-    let stderr = child.stderr.take().unwrap();
-    let child = KillOnDrop(Some(child));
-    let (tx, rx) = crossbeam_channel::unbounded();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stderr)
-            .lines()
-            .map_while(Result::ok)
-        {
-            let _ = tx.send(line);
-        }
-    });
+        ],
+    );
     // Startup is under way once the worker was started: it will never answer initialize.
-    loop {
-        let line = rx.recv_timeout(WAIT).expect("the worker starts");
-        if line.contains("worker slow/0: started pid") {
-            break;
-        }
-    }
+    wait_for_line(&rx, "worker slow/0: started pid");
     let began = std::time::Instant::now();
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(child.id() as i32),
