@@ -4,6 +4,8 @@
 
 mod common;
 
+use common::http::{Reply, read_reply};
+
 use brain::http::{HttpOptions, HttpServer};
 use brain::{Brain, Registration};
 use common::*;
@@ -47,109 +49,11 @@ fn serve(registrations: Vec<Registration>, tag: &str, options: HttpOptions) -> S
     }
 }
 
-/// One HTTP response.
-#[derive(Debug)]
-struct Reply {
-    status: u16,
-    headers: Vec<(String, String)>,
-    body: Vec<u8>,
-}
-
-impl Reply {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
-
-    fn json(&self) -> Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|error| {
-            panic!(
-                "status {}: the body is not JSON ({error}): {}",
-                self.status,
-                String::from_utf8_lossy(&self.body)
-            )
-        })
-    }
-
-    /// The error code of an error body.
-    fn code(&self) -> String {
-        self.json()["error"]["code"]
-            .as_str()
-            .unwrap_or_else(|| panic!("no error code in {}", self.json()))
-            .to_owned()
-    }
-
-    /// Asserts the status and, for errors, the code.
-    fn expect(self, status: u16, code: Option<&str>) -> Reply {
-        assert_eq!(
-            self.status,
-            status,
-            "{}",
-            String::from_utf8_lossy(&self.body)
-        );
-        if let Some(code) = code {
-            assert_eq!(self.code(), code, "{}", self.json());
-        }
-        self
-    }
-}
-
 fn connect(addr: SocketAddr) -> TcpStream {
     let stream = TcpStream::connect(addr).expect("connect");
     stream.set_read_timeout(Some(WAIT)).expect("read timeout");
     stream.set_write_timeout(Some(WAIT)).expect("write timeout");
     stream
-}
-
-/// Reads one response (skipping interim 1xx ones); the stream's read timeout bounds every read.
-fn read_reply(reader: &mut BufReader<TcpStream>) -> std::io::Result<Reply> {
-    loop {
-        let mut line = String::new();
-        if reader.read_line(&mut line)? == 0 {
-            return Err(std::io::ErrorKind::UnexpectedEof.into());
-        }
-        let status: u16 = line
-            .split(' ')
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| panic!("malformed status line {line:?}"));
-        let mut headers = Vec::new();
-        loop {
-            let mut line = String::new();
-            reader.read_line(&mut line)?;
-            let line = line.trim_end();
-            if line.is_empty() {
-                break;
-            }
-            let (name, value) = line.split_once(':').expect("a header line");
-            headers.push((name.to_ascii_lowercase(), value.trim().to_owned()));
-        }
-        if status < 200 {
-            continue;
-        }
-        let length = headers
-            .iter()
-            .find(|(n, _)| n == "content-length")
-            .map(|(_, v)| v.parse::<usize>().expect("a Content-Length"));
-        let mut body = Vec::new();
-        match length {
-            Some(length) => {
-                body.resize(length, 0);
-                reader.read_exact(&mut body)?;
-            }
-            None if status == 204 => {}
-            None => {
-                reader.read_to_end(&mut body)?;
-            }
-        }
-        return Ok(Reply {
-            status,
-            headers,
-            body,
-        });
-    }
 }
 
 /// Encodes a request; `headers` come after Host and before Content-Length.

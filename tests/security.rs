@@ -16,11 +16,13 @@
 
 mod common;
 
+use common::http::{Reply, read_reply};
+
 use brain::session::{CreateSession, SessionId};
 use brain::{Activation, Brain, OutcomeKind, Registration, Registrations, Session};
 use common::*;
 use serde_json::{Value, json};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
@@ -943,39 +945,6 @@ impl Drop for Served {
     }
 }
 
-#[derive(Debug)]
-struct Reply {
-    status: u16,
-    headers: Vec<(String, String)>,
-    body: Vec<u8>,
-}
-
-impl Reply {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
-
-    fn json(&self) -> Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|error| {
-            panic!(
-                "status {}: not JSON ({error}): {}",
-                self.status,
-                String::from_utf8_lossy(&self.body)
-            )
-        })
-    }
-
-    fn code(&self) -> String {
-        self.json()["error"]["code"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned()
-    }
-}
-
 fn connect(address: &str) -> TcpStream {
     let address: std::net::SocketAddr = address.parse().expect("an address");
     let stream = TcpStream::connect_timeout(&address, WAIT).expect("connect");
@@ -993,51 +962,6 @@ fn encode(method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Ve
     let mut out = out.into_bytes();
     out.extend_from_slice(body);
     out
-}
-
-/// Reads one response; every read is bounded by the stream's read timeout.
-fn read_reply(reader: &mut BufReader<TcpStream>) -> std::io::Result<Reply> {
-    let mut line = String::new();
-    if reader.read_line(&mut line)? == 0 {
-        return Err(std::io::ErrorKind::UnexpectedEof.into());
-    }
-    let status = line
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| std::io::Error::other(format!("malformed status line {line:?}")))?;
-    let mut headers = Vec::new();
-    loop {
-        let mut line = String::new();
-        reader.read_line(&mut line)?;
-        let line = line.trim_end();
-        if line.is_empty() {
-            break;
-        }
-        if let Some((name, value)) = line.split_once(':') {
-            headers.push((name.to_ascii_lowercase(), value.trim().to_owned()));
-        }
-    }
-    let length = headers
-        .iter()
-        .find(|(n, _)| n == "content-length")
-        .and_then(|(_, v)| v.parse::<usize>().ok());
-    let mut body = Vec::new();
-    match length {
-        Some(length) => {
-            body.resize(length, 0);
-            reader.read_exact(&mut body)?;
-        }
-        None if status == 204 => {}
-        None => {
-            reader.read_to_end(&mut body)?;
-        }
-    }
-    Ok(Reply {
-        status,
-        headers,
-        body,
-    })
 }
 
 /// Sends raw bytes on a fresh connection and reads one response.

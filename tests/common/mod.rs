@@ -2,6 +2,8 @@
 
 #![allow(dead_code)] // Each test crate uses a different subset.
 
+pub mod http;
+
 use brain::{Brain, Config, Options, Registration, Registrations};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -1,0 +1,111 @@
+//! A minimal HTTP/1.1 client side for the tests that talk to Brain's HTTP API: one response type
+//! and one reader, shared by tests/http.rs, tests/serve_e2e.rs and tests/security.rs.
+
+use serde_json::Value;
+use std::io::{BufRead, BufReader, Read};
+use std::net::TcpStream;
+
+#[derive(Debug)]
+pub struct Reply {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Reply {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|error| {
+            panic!(
+                "status {}: the body is not JSON ({error}): {}",
+                self.status,
+                self.text()
+            )
+        })
+    }
+
+    /// The error code of an error body.
+    pub fn code(&self) -> String {
+        self.json()["error"]["code"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no error code in {}", self.json()))
+            .to_owned()
+    }
+
+    /// Asserts the status and, for errors, the JSON error's code (and that it has a message).
+    pub fn expect(self, status: u16, code: Option<&str>) -> Reply {
+        assert_eq!(self.status, status, "{}", self.text());
+        if let Some(code) = code {
+            let body = self.json();
+            assert_eq!(body["error"]["code"], code, "{body}");
+            assert!(
+                body["error"]["message"]
+                    .as_str()
+                    .is_some_and(|m| !m.is_empty()),
+                "{body}"
+            );
+        }
+        self
+    }
+}
+
+/// Reads one response (skipping interim 1xx ones); the stream's read timeout bounds every read.
+pub fn read_reply(reader: &mut BufReader<TcpStream>) -> std::io::Result<Reply> {
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line)? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        let status: u16 = line
+            .split(' ')
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| std::io::Error::other(format!("malformed status line {line:?}")))?;
+        let mut headers = Vec::new();
+        loop {
+            let mut line = String::new();
+            reader.read_line(&mut line)?;
+            let line = line.trim_end();
+            if line.is_empty() {
+                break;
+            }
+            let (name, value) = line
+                .split_once(':')
+                .ok_or_else(|| std::io::Error::other(format!("malformed header {line:?}")))?;
+            headers.push((name.to_ascii_lowercase(), value.trim().to_owned()));
+        }
+        if status < 200 {
+            continue;
+        }
+        let length = headers
+            .iter()
+            .find(|(n, _)| n == "content-length")
+            .and_then(|(_, v)| v.parse::<usize>().ok());
+        let mut body = Vec::new();
+        match length {
+            Some(length) => {
+                body.resize(length, 0);
+                reader.read_exact(&mut body)?;
+            }
+            None if status == 204 || status == 304 => {}
+            None => {
+                reader.read_to_end(&mut body)?;
+            }
+        }
+        return Ok(Reply {
+            status,
+            headers,
+            body,
+        });
+    }
+}
