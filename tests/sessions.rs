@@ -121,16 +121,24 @@ fn capacity_runs_two_and_queues_three_in_fifo_order() {
     }
 }
 
+/// On a registration with `max_concurrency` 1: a `hang` session whose activation holds the only
+/// unit of capacity (its marker written), and an idle second session whose next activation will
+/// have to wait.
+fn occupied_with_one_more(brain: &Brain, registration: &str) -> (Session, Activation, Session) {
+    let blocker = create(brain, registration, json!({"fault": "hang"}));
+    let other = create(brain, registration, json!({}));
+    let running = blocker.send(text("block")).unwrap();
+    wait_for_record(&blocker, "activation_started");
+    (blocker, running, other)
+}
+
 #[test]
 fn cancelling_a_queued_activation_never_reaches_the_harness() {
     let brain = start(
         vec![fault("q", &[]).max_concurrency(1)],
         options("cancel-queued"),
     );
-    let blocker = create(&brain, "q", json!({"fault": "hang"}));
-    let queued = create(&brain, "q", json!({}));
-    let running = blocker.send(text("block")).unwrap();
-    wait_for_record(&blocker, "activation_started");
+    let (blocker, running, queued) = occupied_with_one_more(&brain, "q");
     let waiting = queued.send(text("never")).unwrap();
     let cancelled = waiting.canceller().cancel().unwrap();
     assert!(!cancelled.was_running);
@@ -655,10 +663,7 @@ fn shutdown_cancels_queued_and_running_activations_and_refuses_new_work() {
         vec![fault("s", &[]).max_concurrency(1)],
         options("shutdown"),
     );
-    let running_session = create(&brain, "s", json!({"fault": "hang"}));
-    let queued_session = create(&brain, "s", json!({}));
-    let running = running_session.send(text("x")).unwrap();
-    wait_for_record(&running_session, "activation_started");
+    let (_running_session, running, queued_session) = occupied_with_one_more(&brain, "s");
     let queued = queued_session.send(text("y")).unwrap();
     brain.shutdown(Duration::from_secs(5));
     let outcome = wait(&queued);
