@@ -10,296 +10,23 @@
 mod common;
 
 use common::http::{Reply, read_reply};
+use common::server::*;
 
 use common::*;
-use crossbeam_channel::{Receiver, RecvTimeoutError};
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Command, ExitStatus, Stdio};
-use std::sync::{Arc, Mutex};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::Command;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-
-/// The log line `brain serve` writes once it listens; the address follows it.
-const SERVING: &str = "serving on http://";
 
 /// The log line the dispatcher writes once shutdown has begun with a drain (admission refused).
 const DRAINING: &str = "shutting down: draining running activations";
 
-/// A `brain serve` process. Dropping it kills it and its workers (SIGKILL) unless it has exited,
-/// and reaps it.
-struct Served {
-    pid: u32,
-    addr: SocketAddr,
-    token: String,
-    /// Stderr lines as they arrive.
-    lines: Receiver<String>,
-    /// Every stderr line so far, for failure messages.
-    log: Arc<Mutex<Vec<String>>>,
-    /// The exit status, from the thread that waits for the process.
-    exited: Receiver<std::io::Result<ExitStatus>>,
-    status: Option<ExitStatus>,
-    /// Worker pids to kill too if they are still there when this is dropped.
-    workers: Vec<u32>,
-}
-
-/// How to start `brain serve`.
-struct Start<'a> {
-    data: &'a Path,
-    registrations: Value,
-    extra: &'a [&'a str],
-    /// `BRAIN_API_TOKEN`; without it the token is generated into `<data>/operator.token`.
-    token: Option<&'a str>,
-}
-
-impl Start<'_> {
-    fn run(&self) -> Served {
-        let mut command = Command::new(BRAIN);
-        command
-            .arg("serve")
-            .arg("--data-dir")
-            .arg(self.data)
-            .args(["--listen", "127.0.0.1:0", "--cancel-grace", "500ms"])
-            .arg("--agentloops")
-            .arg(self.registrations.to_string())
-            .args(self.extra)
-            .env_remove("BRAIN_AGENTLOOPS")
-            .env_remove("BRAIN_API_TOKEN")
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        if let Some(token) = self.token {
-            command.env("BRAIN_API_TOKEN", token);
-        }
-        let mut child = command.spawn().expect("spawn brain serve");
-        let pid = child.id();
-        let stderr = child.stderr.take();
-        // The child is reaped by this thread on every path; the guard below kills it if need be.
-        let (exit_tx, exited) = crossbeam_channel::bounded(1);
-        std::thread::spawn(move || {
-            let _ = exit_tx.send(child.wait());
-        });
-        let (line_tx, lines) = crossbeam_channel::unbounded();
-        let log = Arc::new(Mutex::new(Vec::new()));
-        if let Some(stderr) = stderr {
-            let log = log.clone();
-            std::thread::spawn(move || {
-                for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                    log.lock().unwrap().push(line.clone());
-                    let _ = line_tx.send(line);
-                }
-            });
-        }
-        let mut served = Served {
-            pid,
-            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-            token: String::new(),
-            lines,
-            log,
-            exited,
-            status: None,
-            workers: Vec::new(),
-        };
-        let line = served.wait_line(SERVING, WAIT);
-        let rest = line.split(SERVING).nth(1).expect("an address");
-        served.addr = rest
-            .split_whitespace()
-            .next()
-            .and_then(|a| a.parse().ok())
-            .unwrap_or_else(|| panic!("no address in {line:?}"));
-        served.token = match self.token {
-            Some(token) => token.to_owned(),
-            None => std::fs::read_to_string(self.data.join("operator.token"))
-                .expect("the generated operator.token")
-                .trim()
-                .to_owned(),
-        };
-        served
-    }
-}
-
-/// Starts `brain serve` with a generated token.
-fn serve(data: &Path, registrations: Value, extra: &[&str]) -> Served {
-    Start {
-        data,
-        registrations,
-        extra,
-        token: None,
-    }
-    .run()
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        if self.status.is_none() {
-            if let Ok(status) = self.exited.try_recv() {
-                self.status = status.ok();
-            } else {
-                // Still running (a failed test): its workers first, while it still holds them,
-                // then the server; then reap it.
-                for pid in children_of(self.pid) {
-                    signal(pid, Signal::SIGKILL);
-                }
-                signal(self.pid, Signal::SIGKILL);
-                let _ = self.exited.recv_timeout(WAIT);
-            }
-        }
-        // Workers that outlived it (a failed test): only if the pid still runs a harness.
-        for &pid in &self.workers {
-            if harness_alive(pid) {
-                signal(pid, Signal::SIGKILL);
-            }
-        }
-    }
-}
-
-fn signal(pid: u32, signal: Signal) {
-    let _ = kill(Pid::from_raw(pid as i32), signal);
-}
-
-/// The pids whose parent is `parent`, from /proc (this kernel has no `/proc/*/task/*/children`).
-fn children_of(parent: u32) -> Vec<u32> {
-    let mut children = Vec::new();
-    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if parent_of(pid) == Some(parent) {
-            children.push(pid);
-        }
-    }
-    children
-}
-
-/// Whether `pid` is a live (not zombie) harness process of this repository.
-fn harness_alive(pid: u32) -> bool {
-    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-    let cmdline = String::from_utf8_lossy(&cmdline);
-    !not_running(pid) && cmdline.contains("-harness")
-}
-
 impl Served {
-    fn stderr(&self) -> String {
-        self.log.lock().unwrap().join("\n")
-    }
-
-    /// Waits for a stderr line containing `needle`, failing the test after `within`.
-    fn wait_line(&self, needle: &str, within: Duration) -> String {
-        let deadline = Instant::now() + within;
-        loop {
-            match self.lines.recv_deadline(deadline) {
-                Ok(line) if line.contains(needle) => return line,
-                Ok(_) => {}
-                Err(error) => panic!(
-                    "brain serve logged no {needle:?} ({error}); its stderr:\n{}",
-                    self.stderr()
-                ),
-            }
-        }
-    }
-
-    fn signal(&self, which: Signal) {
-        kill(Pid::from_raw(self.pid as i32), which).expect("signal brain serve");
-    }
-
-    /// The exit status once the process has exited, or `None` if it still runs after `within`.
-    fn wait_exit(&mut self, within: Duration) -> Option<ExitStatus> {
-        if self.status.is_none() {
-            match self.exited.recv_timeout(within) {
-                Ok(status) => self.status = Some(status.expect("wait for brain serve")),
-                Err(RecvTimeoutError::Timeout) => return None,
-                Err(RecvTimeoutError::Disconnected) => panic!("the waiter thread is gone"),
-            }
-        }
-        self.status
-    }
-
-    /// Sends SIGTERM and expects exit status 0 within `within`.
-    fn terminate(&mut self, within: Duration) {
-        self.signal(Signal::SIGTERM);
-        let status = self.wait_exit(within);
-        assert!(
-            status.is_some_and(|s| s.code() == Some(0)),
-            "brain serve exited {status:?} within {within:?}; its stderr:\n{}",
-            self.stderr()
-        );
-    }
-
-    /// The current workers (children) of the server; remembered so that they are killed if the
-    /// test fails with them still alive.
-    fn workers(&mut self, expected: usize) -> Vec<u32> {
-        let pids: Vec<u32> = children_of(self.pid)
-            .into_iter()
-            .filter(|&pid| harness_alive(pid))
-            .collect();
-        assert_eq!(pids.len(), expected, "workers {pids:?}");
-        self.workers.extend(&pids);
-        pids
-    }
-
-    // ----- HTTP -----
-
-    fn connect(&self) -> TcpStream {
-        let stream = TcpStream::connect(self.addr).expect("connect to brain serve");
-        stream.set_read_timeout(Some(WAIT)).expect("read timeout");
-        stream.set_write_timeout(Some(WAIT)).expect("write timeout");
-        stream
-    }
-
-    fn bearer(&self) -> String {
-        format!("Bearer {}", self.token)
-    }
-
-    /// Sends raw bytes on a fresh connection and reads one response.
-    fn exchange(&self, raw: &[u8]) -> Reply {
-        let stream = self.connect();
-        (&stream).write_all(raw).expect("send the request");
-        read_reply(&mut BufReader::new(stream)).expect("a response")
-    }
-
-    /// An authorised request with a JSON body (if any).
-    fn call(&self, method: &str, path: &str, body: Option<Value>) -> Reply {
-        self.call_with(method, path, &[], body)
-    }
-
-    fn call_with(
-        &self,
-        method: &str,
-        path: &str,
-        headers: &[(&str, &str)],
-        body: Option<Value>,
-    ) -> Reply {
-        self.exchange(&self.request(method, path, headers, body))
-    }
-
-    /// The bytes of an authorised request with `Connection: close`.
-    fn request(
-        &self,
-        method: &str,
-        path: &str,
-        headers: &[(&str, &str)],
-        body: Option<Value>,
-    ) -> Vec<u8> {
-        let auth = self.bearer();
-        let mut all = vec![("authorization", auth.as_str())];
-        let body = body.map(|b| b.to_string().into_bytes()).unwrap_or_default();
-        if !body.is_empty() {
-            all.push(("content-type", "application/json"));
-        }
-        all.extend_from_slice(headers);
-        encode(method, path, &all, &body)
-    }
-
     /// Creates a session of `registration` with this configuration; its id.
     fn create(&self, registration: &str, configuration: Value) -> String {
         let reply = self
@@ -443,21 +170,6 @@ impl Served {
         );
         String::from_utf8(reply.body).expect("UTF-8 metrics")
     }
-}
-
-/// Encodes a request with `Connection: close`; `headers` come after Host.
-fn encode(method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Vec<u8> {
-    let mut out = format!("{method} {path} HTTP/1.1\r\nhost: brain\r\nconnection: close\r\n");
-    for (name, value) in headers {
-        out.push_str(&format!("{name}: {value}\r\n"));
-    }
-    if !body.is_empty() || method == "POST" {
-        out.push_str(&format!("content-length: {}\r\n", body.len()));
-    }
-    out.push_str("\r\n");
-    let mut out = out.into_bytes();
-    out.extend_from_slice(body);
-    out
 }
 
 /// One HTTP response.
@@ -1155,6 +867,7 @@ fn sigterm_under_load_drains_cancels_the_rest_loses_nothing_and_leaves_no_proces
         registrations: registrations.clone(),
         extra: &["--drain", "3s"],
         token: Some(token),
+        env: &[],
     }
     .run();
     // Each slow run waits 400 ms before each of its two callbacks: it is still running when the
@@ -1268,6 +981,7 @@ fn sigterm_under_load_drains_cancels_the_rest_loses_nothing_and_leaves_no_proces
         registrations,
         extra: &[],
         token: Some(token),
+        env: &[],
     }
     .run();
     for (id, sequence) in &running {
