@@ -20,7 +20,6 @@ mod common;
 
 use brain::cancel::CancelToken;
 use brain::effects::{EffectError, Effects, ModelCall, ModelProvider};
-use brain::journal::{DiskJournal, Journal};
 use brain::protocol::harness::{Block, Event, ModelResult, UserInput};
 use brain::protocol::jsonrpc::Violation;
 use brain::status::{FailureReason, WorkerFailure, WorkerStatus};
@@ -29,10 +28,11 @@ use brain::{
     Activation, Brain, Config, Options, Outcome, OutcomeKind, Registration, Registrations, Session,
     SessionStatus, WorkerState,
 };
+use common::journal::{check_session, read_all};
 use common::*;
 use serde_json::{Value, json};
 use std::cell::{Cell, RefCell};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
@@ -479,14 +479,11 @@ impl Rig {
 /// Reads every session's journal from disk, independently of the Brain that wrote it, and checks
 /// the invariants; then that each outcome a caller saw is the recorded one.
 fn check_journals(row: &str, data_dir: &std::path::Path, seen: &[Outcome]) {
-    let journal = DiskJournal::open_read_only(&data_dir.join("journal"))
-        .unwrap_or_else(|error| panic!("{row}: opening the journal: {error}"));
-    let sessions = journal.sessions().expect("sessions");
+    let sessions = read_all(data_dir);
     assert!(!sessions.is_empty(), "{row}: no session was journaled");
     let mut finished: HashMap<(String, u64), (String, Option<String>)> = HashMap::new();
-    for id in &sessions {
-        let records = journal.read(id, 0, usize::MAX).expect("records");
-        check_session(row, id.as_str(), &records);
+    for (id, records) in &sessions {
+        check_session(row, id.as_str(), records);
         for record in records
             .iter()
             .filter(|r| r.event_type == "activation_finished")
@@ -516,100 +513,6 @@ fn check_journals(row: &str, data_dir: &std::path::Path, seen: &[Outcome]) {
             recorded, &given,
             "{row}: {key:?} recorded otherwise than given"
         );
-    }
-}
-
-/// The effect families: each `<family>_started` has exactly one `<family>_finished`.
-const EFFECTS: [(&str, &str); 3] = [
-    ("model_call_started", "model_call_finished"),
-    ("tool_call_started", "tool_call_finished"),
-    ("environment_started", "environment_finished"),
-];
-
-fn check_session(row: &str, id: &str, records: &[Event]) {
-    let context = || {
-        let kinds: Vec<String> = records
-            .iter()
-            .map(|r| format!("{}:{}", r.sequence, r.event_type))
-            .collect();
-        format!("{row}: session {id}: {kinds:?}")
-    };
-    for (index, record) in records.iter().enumerate() {
-        assert_eq!(record.sequence, index as u64 + 1, "{}", context());
-    }
-    assert_eq!(
-        records.first().map(|r| r.event_type.as_str()),
-        Some("session_created"),
-        "{}",
-        context()
-    );
-    let at = |sequence: u64| &records[sequence as usize - 1];
-    // Activations: queued once, started at most once, finished exactly once, in that order.
-    let mut queued = BTreeMap::new();
-    for record in records {
-        match record.event_type.as_str() {
-            "activation_queued" => {
-                queued.insert(record.sequence, (0, 0, 0));
-            }
-            "activation_started" | "activation_finished" => {
-                let activation = record.data["activation"].as_u64().unwrap_or(0);
-                let entry = queued.get_mut(&activation).unwrap_or_else(|| {
-                    panic!(
-                        "{}: {} names no queued activation",
-                        context(),
-                        record.sequence
-                    )
-                });
-                if record.event_type == "activation_started" {
-                    entry.0 += 1;
-                } else {
-                    entry.1 += 1;
-                    entry.2 = record.sequence;
-                }
-            }
-            _ => {}
-        }
-    }
-    for (activation, (started, finished, _)) in &queued {
-        assert!(*started <= 1, "{}: {activation} started twice", context());
-        assert_eq!(
-            *finished,
-            1,
-            "{}: activation {activation} finished {finished} times",
-            context()
-        );
-    }
-    // Effects: every started one finished exactly once, after it started and before its
-    // activation finished.
-    for (started_kind, finished_kind) in EFFECTS {
-        let mut count: BTreeMap<u64, usize> = records
-            .iter()
-            .filter(|r| r.event_type == started_kind)
-            .map(|r| (r.sequence, 0))
-            .collect();
-        for record in records.iter().filter(|r| r.event_type == finished_kind) {
-            let started = record.data["started"].as_u64().unwrap_or(0);
-            let entry = count.get_mut(&started).unwrap_or_else(|| {
-                panic!(
-                    "{}: {} names no {started_kind} record",
-                    context(),
-                    record.sequence
-                )
-            });
-            *entry += 1;
-            assert!(record.sequence > started, "{}", context());
-            let activation = at(started).data["activation"].as_u64().unwrap_or(0);
-            if let Some((_, _, activation_finished)) = queued.get(&activation) {
-                assert!(
-                    record.sequence < *activation_finished,
-                    "{}: effect {started} finished after its activation {activation}",
-                    context()
-                );
-            }
-        }
-        for (started, n) in count {
-            assert_eq!(n, 1, "{}: effect {started} finished {n} times", context());
-        }
     }
 }
 

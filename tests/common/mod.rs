@@ -3,6 +3,7 @@
 #![allow(dead_code)] // Each test crate uses a different subset.
 
 pub mod http;
+pub mod journal;
 pub mod server;
 
 use brain::{Brain, Config, Options, Registration, Registrations};
