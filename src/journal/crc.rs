@@ -1,14 +1,18 @@
-//! CRC32C (Castagnoli), table-driven, one byte at a time. The journal's frames and segment headers
-//! carry it (docs/JOURNAL.md).
+//! CRC32C (Castagnoli), table-driven, eight bytes at a time ("slicing-by-8"). The journal's frames
+//! and segment headers carry it (docs/JOURNAL.md). A byte at a time cost about 5 % of the CPU of a
+//! durable callback in the benchmark's profile; eight at a time costs a quarter of that, in plain
+//! safe code.
 
 /// The reflected Castagnoli polynomial.
 const POLYNOMIAL: u32 = 0x82F6_3B78;
 
-/// The remainder of every byte value, computed at compile time.
-const TABLE: [u32; 256] = table();
+/// `TABLES[0]` is the remainder of every byte value; `TABLES[k][b]` is the remainder of byte `b`
+/// followed by `k` zero bytes, which lets eight bytes be folded in at once. Computed at compile
+/// time.
+const TABLES: [[u32; 256]; 8] = tables();
 
-const fn table() -> [u32; 256] {
-    let mut table = [0u32; 256];
+const fn tables() -> [[u32; 256]; 8] {
+    let mut tables = [[0u32; 256]; 8];
     let mut byte = 0;
     while byte < 256 {
         let mut crc = byte as u32;
@@ -21,10 +25,20 @@ const fn table() -> [u32; 256] {
             };
             bit += 1;
         }
-        table[byte] = crc;
+        tables[0][byte] = crc;
         byte += 1;
     }
-    table
+    let mut k = 1;
+    while k < 8 {
+        let mut byte = 0;
+        while byte < 256 {
+            let previous = tables[k - 1][byte];
+            tables[k][byte] = (previous >> 8) ^ tables[0][(previous & 0xFF) as usize];
+            byte += 1;
+        }
+        k += 1;
+    }
+    tables
 }
 
 /// A CRC32C being computed over several slices in turn. Copying it forks the computation, so a
@@ -40,8 +54,22 @@ impl Crc32c {
 
     /// Continues over `bytes`.
     pub(crate) fn update(mut self, bytes: &[u8]) -> Crc32c {
-        for &byte in bytes {
-            self.0 = TABLE[((self.0 ^ u32::from(byte)) & 0xFF) as usize] ^ (self.0 >> 8);
+        let mut chunks = bytes.chunks_exact(8);
+        for chunk in &mut chunks {
+            let low = self.0 ^ u32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
+            let high = u32::from_le_bytes([chunk[4], chunk[5], chunk[6], chunk[7]]);
+            let t = |k: usize, word: u32, shift: u32| TABLES[k][((word >> shift) & 0xFF) as usize];
+            self.0 = t(7, low, 0)
+                ^ t(6, low, 8)
+                ^ t(5, low, 16)
+                ^ t(4, low, 24)
+                ^ t(3, high, 0)
+                ^ t(2, high, 8)
+                ^ t(1, high, 16)
+                ^ t(0, high, 24);
+        }
+        for &byte in chunks.remainder() {
+            self.0 = TABLES[0][((self.0 ^ u32::from(byte)) & 0xFF) as usize] ^ (self.0 >> 8);
         }
         self
     }
@@ -68,6 +96,32 @@ mod tests {
         // RFC 3720 (iSCSI) B.4: 32 bytes of zeros and 32 bytes of 0xFF.
         assert_eq!(crc32c(&[0u8; 32]), 0x8A91_36AA);
         assert_eq!(crc32c(&[0xFFu8; 32]), 0x62A8_AB43);
+    }
+
+    /// The bit-at-a-time definition, to check the tables against.
+    fn reference(bytes: &[u8]) -> u32 {
+        let mut crc = !0u32;
+        for &byte in bytes {
+            crc ^= u32::from(byte);
+            for _ in 0..8 {
+                crc = if crc & 1 == 1 {
+                    (crc >> 1) ^ POLYNOMIAL
+                } else {
+                    crc >> 1
+                };
+            }
+        }
+        !crc
+    }
+
+    #[test]
+    fn every_length_and_alignment_agrees_with_the_bitwise_definition() {
+        let data: Vec<u8> = (0..300u32).map(|i| (i * 7919 % 251) as u8).collect();
+        for start in 0..9 {
+            for end in start..data.len() {
+                assert_eq!(crc32c(&data[start..end]), reference(&data[start..end]));
+            }
+        }
     }
 
     #[test]
