@@ -191,13 +191,17 @@ fn run(
             sequence_answer(append(journal, job, RecordKind::KvDelete, data, None)?)
         }
         CallbackInput::TranscriptSet(input) => {
-            let view = journal.view(&job.session).map_err(journal_failed)?;
-            let keep = view
-                .transcript
-                .iter()
-                .zip(&input.messages)
-                .take_while(|(old, new)| old == new)
-                .count();
+            let mut keep = 0;
+            journal
+                .inspect(&job.session, &mut |view| {
+                    keep = view
+                        .transcript
+                        .iter()
+                        .zip(&input.messages)
+                        .take_while(|(old, new)| old == new)
+                        .count();
+                })
+                .map_err(journal_failed)?;
             let data = json!({"keep": keep, "append": &input.messages[keep..]});
             sequence_answer(append(
                 journal,
@@ -410,10 +414,10 @@ fn model(
                 .collect(),
         );
     }
-    let ordinal = journal
-        .view(&job.session)
-        .map_err(journal_failed)?
-        .model_calls;
+    let mut ordinal = 0;
+    journal
+        .inspect(&job.session, &mut |view| ordinal = view.model_calls)
+        .map_err(journal_failed)?;
     let started = append(
         journal,
         job,

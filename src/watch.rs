@@ -90,6 +90,14 @@ impl Journal for WatchedJournal {
         self.inner.view(session)
     }
 
+    fn inspect(
+        &self,
+        session: &SessionId,
+        inspect: &mut dyn FnMut(&SessionView),
+    ) -> Result<(), JournalError> {
+        self.inner.inspect(session, inspect)
+    }
+
     fn kv_get(&self, session: &SessionId, key: &str) -> Result<Option<Value>, JournalError> {
         self.inner.kv_get(session, key)
     }

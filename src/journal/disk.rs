@@ -649,6 +649,18 @@ impl Journal for DiskJournal {
         shared.with_session(session, |s| Ok(shared.ensure_loaded(s)?.view.clone()))
     }
 
+    fn inspect(
+        &self,
+        session: &SessionId,
+        inspect: &mut dyn FnMut(&SessionView),
+    ) -> Result<(), JournalError> {
+        let shared = &self.shared;
+        shared.with_session(session, |s| {
+            inspect(&shared.ensure_loaded(s)?.view);
+            Ok(())
+        })
+    }
+
     fn kv_get(&self, session: &SessionId, key: &str) -> Result<Option<Value>, JournalError> {
         let shared = &self.shared;
         shared.with_session(session, |s| {

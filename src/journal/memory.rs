@@ -247,6 +247,17 @@ impl Journal for MemoryJournal {
         self.with_stream(session, |stream| Ok(stream.view.clone()))
     }
 
+    fn inspect(
+        &self,
+        session: &SessionId,
+        inspect: &mut dyn FnMut(&SessionView),
+    ) -> Result<(), JournalError> {
+        self.with_stream(session, |stream| {
+            inspect(&stream.view);
+            Ok(())
+        })
+    }
+
     fn kv_get(&self, session: &SessionId, key: &str) -> Result<Option<Value>, JournalError> {
         self.with_stream(session, |stream| Ok(stream.view.kv.get(key).cloned()))
     }

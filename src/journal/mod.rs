@@ -18,9 +18,9 @@
 
 #[cfg(test)]
 mod conformance;
-mod crc;
+pub(crate) mod crc;
 mod disk;
-mod frame;
+pub(crate) mod frame;
 mod memory;
 mod projection;
 mod recover;
@@ -235,6 +235,19 @@ pub trait Journal: Send + Sync + 'static {
 
     /// A copy of the session's projections as of its last appended record.
     fn view(&self, session: &SessionId) -> Result<SessionView, JournalError>;
+
+    /// Runs `inspect` on the session's projections as of its last appended record, without
+    /// copying them: for callers that need one field of a large view (a callback reads the model
+    /// call count or compares a transcript). `inspect` runs under the session's lock, so it must
+    /// not call the journal. The default copies the view with [`Journal::view`].
+    fn inspect(
+        &self,
+        session: &SessionId,
+        inspect: &mut dyn FnMut(&SessionView),
+    ) -> Result<(), JournalError> {
+        inspect(&self.view(session)?);
+        Ok(())
+    }
 
     /// A copy of one kv value: `None` for an absent key, `Some(Value::Null)` for a stored `null`.
     /// Reserved `brain.` keys are readable too.
