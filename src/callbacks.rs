@@ -59,7 +59,8 @@ pub(crate) struct CallbackDone {
     sequence: u64,
     key: WorkerKey,
     id: RequestId,
-    answer: Result<Value, RpcError>,
+    /// The encoded response line of a successful callback, or its error.
+    answer: Result<Vec<u8>, RpcError>,
     /// A successful `environments.setup`: the environment's new incarnation.
     incarnation: Option<(String, u64)>,
     method: &'static str,
@@ -123,13 +124,17 @@ fn serve(
     }
 }
 
-fn to_value(value: impl Serialize) -> Result<Value, RpcError> {
-    serde_json::to_value(value).map_err(|error| {
-        call_error(
-            ErrorCode::InvalidResponse,
-            format!("encoding the answer: {error}"),
-        )
-    })
+/// The response line answering `job` with `result`. Executors encode it straight from the typed
+/// result, in parallel, so the dispatcher only forwards bytes.
+fn answer(job: &Job, result: &impl Serialize) -> Result<Vec<u8>, RpcError> {
+    Ok(jsonrpc::encode_result(&job.id, result))
+}
+
+fn kv_get_result(value: Option<Value>) -> KvGetResult {
+    match value {
+        Some(value) => KvGetResult::found(value),
+        None => KvGetResult::missing(),
+    }
 }
 
 fn journal_failed(error: JournalError) -> RpcError {
@@ -149,8 +154,8 @@ fn append(
     append_durable(journal, &job.session, NewRecord { kind, data, origin }).map_err(journal_failed)
 }
 
-fn sequence_answer(sequence: u64) -> Result<Value, RpcError> {
-    to_value(SequenceResult { sequence })
+fn sequence_answer(job: &Job, sequence: u64) -> Result<Vec<u8>, RpcError> {
+    answer(job, &SequenceResult { sequence })
 }
 
 fn reserved(key: &str) -> Result<(), RpcError> {
@@ -169,26 +174,23 @@ fn run(
     journal: &dyn Journal,
     effects: &Effects,
     incarnation: &mut Option<(String, u64)>,
-) -> Result<Value, RpcError> {
+) -> Result<Vec<u8>, RpcError> {
     match &job.call {
         CallbackInput::KvGet(input) => {
             let value = journal
                 .kv_get(&job.session, &input.key)
                 .map_err(journal_failed)?;
-            to_value(match value {
-                Some(value) => KvGetResult::found(value),
-                None => KvGetResult::missing(),
-            })
+            answer(job, &kv_get_result(value))
         }
         CallbackInput::KvPut(input) => {
             reserved(&input.key)?;
             let data = json!({"key": input.key, "value": input.value});
-            sequence_answer(append(journal, job, RecordKind::KvSet, data, None)?)
+            sequence_answer(job, append(journal, job, RecordKind::KvSet, data, None)?)
         }
         CallbackInput::KvDelete(input) => {
             reserved(&input.key)?;
             let data = json!({"key": input.key});
-            sequence_answer(append(journal, job, RecordKind::KvDelete, data, None)?)
+            sequence_answer(job, append(journal, job, RecordKind::KvDelete, data, None)?)
         }
         CallbackInput::TranscriptSet(input) => {
             let mut keep = 0;
@@ -203,13 +205,10 @@ fn run(
                 })
                 .map_err(journal_failed)?;
             let data = json!({"keep": keep, "append": &input.messages[keep..]});
-            sequence_answer(append(
-                journal,
+            sequence_answer(
                 job,
-                RecordKind::TranscriptDelta,
-                data,
-                None,
-            )?)
+                append(journal, job, RecordKind::TranscriptDelta, data, None)?,
+            )
         }
         CallbackInput::Emit(input) => {
             if input.event_type.parse::<RecordKind>().is_ok() {
@@ -223,13 +222,10 @@ fn run(
                 kind: OriginKind::Agentloop,
                 sequence: job.sequence,
             };
-            sequence_answer(append(
-                journal,
+            sequence_answer(
                 job,
-                RecordKind::EventEmitted,
-                data,
-                Some(origin),
-            )?)
+                append(journal, job, RecordKind::EventEmitted, data, Some(origin))?,
+            )
         }
         CallbackInput::EventsRead(input) => {
             let limit = input
@@ -239,11 +235,11 @@ fn run(
                 .read(&job.session, input.after, limit)
                 .map_err(journal_failed)?;
             let next_after = events.last().map_or(input.after, |e| e.sequence);
-            to_value(EventsReadResult { events, next_after })
+            answer(job, &EventsReadResult { events, next_after })
         }
         CallbackInput::Telemetry(data) => {
             log::info!(target: "brain::telemetry", "session {} activation {}: {data}", job.session, job.sequence);
-            Ok(json!({}))
+            answer(job, &json!({}))
         }
         CallbackInput::Model(request) => model(job, journal, effects, request),
         CallbackInput::Tool(input) => tool(
@@ -270,17 +266,20 @@ fn run(
                     })
                 })
                 .collect::<Result<Vec<_>, RpcError>>()?;
-            to_value(EnvironmentsListResult { environments })
+            answer(job, &EnvironmentsListResult { environments })
         }
         CallbackInput::EnvironmentsGet(input) => {
             granted(job, &input.name, Permission::Read)?;
             let (spec, driver) = environment(job, effects, &input.name)?;
-            to_value(EnvironmentInfo {
-                name: input.name.clone(),
-                sequence: current_incarnation(job, &input.name),
-                status: driver.status(&spec),
-                driver: spec.driver.clone(),
-            })
+            answer(
+                job,
+                &EnvironmentInfo {
+                    name: input.name.clone(),
+                    sequence: current_incarnation(job, &input.name),
+                    status: driver.status(&spec),
+                    driver: spec.driver.clone(),
+                },
+            )
         }
         CallbackInput::EnvironmentsSetup(input) => {
             granted(job, &input.name, Permission::Setup)?;
@@ -297,7 +296,7 @@ fn run(
             let (data, answer) = match outcome {
                 Ok(()) => (
                     json!({"started": started, "name": input.name, "operation": "setup", "outcome": "ok"}),
-                    sequence_answer(started),
+                    sequence_answer(job, started),
                 ),
                 Err(error) => effect_failure(started, error),
             };
@@ -324,10 +323,13 @@ fn run(
                 Ok(result) => (
                     json!({"started": started, "name": input.name, "operation": "call",
                            "outcome": "ok", "result": result}),
-                    to_value(EnvironmentsCallResult {
-                        sequence: started,
-                        result,
-                    }),
+                    answer(
+                        job,
+                        &EnvironmentsCallResult {
+                            sequence: started,
+                            result,
+                        },
+                    ),
                 ),
                 Err(error) => effect_failure(started, error),
             };
@@ -389,7 +391,7 @@ fn model(
     journal: &dyn Journal,
     effects: &Effects,
     request: &ModelRequest,
-) -> Result<Value, RpcError> {
+) -> Result<Vec<u8>, RpcError> {
     let spec = &job.spec;
     let provider = effects.provider(&spec.model.provider).ok_or_else(|| {
         call_error(
@@ -436,10 +438,13 @@ fn model(
     let (data, answer) = match outcome {
         Ok(result) => (
             json!({"started": started, "outcome": "ok", "result": result}),
-            to_value(ModelCallResult {
-                sequence: started,
-                result,
-            }),
+            answer(
+                job,
+                &ModelCallResult {
+                    sequence: started,
+                    result,
+                },
+            ),
         ),
         Err(error) => effect_failure(started, error),
     };
@@ -451,7 +456,7 @@ fn model(
 fn effect_failure(
     started: u64,
     error: crate::effects::EffectError,
-) -> (Value, Result<Value, RpcError>) {
+) -> (Value, Result<Vec<u8>, RpcError>) {
     use crate::effects::EffectError;
     match error {
         EffectError::Failed { code, message } => (
@@ -481,7 +486,7 @@ fn tool(
     name: &str,
     input: &Value,
     environment: Option<&str>,
-) -> Result<Value, RpcError> {
+) -> Result<Vec<u8>, RpcError> {
     let spec = &job.spec;
     let declared = spec
         .request
@@ -586,10 +591,13 @@ fn tool(
         json!({"started": started, "outcome": result.outcome, "result": result}),
         None,
     )?;
-    to_value(ToolCallResult {
-        sequence: started,
-        result,
-    })
+    answer(
+        job,
+        &ToolCallResult {
+            sequence: started,
+            result,
+        },
+    )
 }
 
 /// The `data.code` of an error Brain built.
@@ -697,6 +705,16 @@ impl Dispatcher {
                 format!("{MAX_OUTSTANDING_CALLBACKS} callbacks of this activation are unanswered"),
             ));
         }
+        if let CallbackInput::KvGet(input) = &call
+            && let Some(Ok(value)) = self.journal.kv_get_cached(&session, &input.key)
+        {
+            // Answered from memory here: no executor round trip. Anything else (a read that
+            // needs the disk, an error to classify) goes the executor's way.
+            self.metrics.callback(call.method().as_str(), "ok");
+            let line = jsonrpc::encode_result(id, &kv_get_result(value));
+            self.pool.answer(key, id, line);
+            return Ok(());
+        }
         let cancel = active.effects_cancel.clone();
         if let Some(active) = self.active_mut(&session, params.sequence) {
             active.outstanding += 1;
@@ -760,8 +778,8 @@ impl Dispatcher {
         if let Some(active) = self.active_mut(&session, sequence) {
             active.outstanding = active.outstanding.saturating_sub(1);
         }
-        let line = match &answer {
-            Ok(result) => jsonrpc::encode_result(&id, result),
+        let line = match answer {
+            Ok(line) => line,
             Err(error) => {
                 let fatal = error
                     .data
@@ -773,7 +791,7 @@ impl Dispatcher {
                 if let Some(code) = fatal {
                     self.record_fatal(&session, sequence, code, &error.message);
                 }
-                jsonrpc::encode_error(&id, error)
+                jsonrpc::encode_error(&id, &error)
             }
         };
         self.pool.answer(key, &id, line);

@@ -102,6 +102,14 @@ impl Journal for WatchedJournal {
         self.inner.kv_get(session, key)
     }
 
+    fn kv_get_cached(
+        &self,
+        session: &SessionId,
+        key: &str,
+    ) -> Option<Result<Option<Value>, JournalError>> {
+        self.inner.kv_get_cached(session, key)
+    }
+
     fn delete(&self, session: &SessionId) -> Result<(), JournalError> {
         self.inner.delete(session)?;
         self.bump();

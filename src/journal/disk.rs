@@ -668,6 +668,23 @@ impl Journal for DiskJournal {
         })
     }
 
+    fn kv_get_cached(
+        &self,
+        session: &SessionId,
+        key: &str,
+    ) -> Option<Result<Option<Value>, JournalError>> {
+        let cached = self.shared.with_session(session, |s| {
+            Ok(s.loaded
+                .as_deref()
+                .map(|loaded| loaded.view.kv.get(key).cloned()))
+        });
+        match cached {
+            Ok(None) => None,
+            Ok(Some(value)) => Some(Ok(value)),
+            Err(error) => Some(Err(error)),
+        }
+    }
+
     fn delete(&self, session: &SessionId) -> Result<(), JournalError> {
         let shared = &self.shared;
         shared.check_writable()?;

@@ -262,6 +262,14 @@ impl Journal for MemoryJournal {
         self.with_stream(session, |stream| Ok(stream.view.kv.get(key).cloned()))
     }
 
+    fn kv_get_cached(
+        &self,
+        session: &SessionId,
+        key: &str,
+    ) -> Option<Result<Option<Value>, JournalError>> {
+        Some(self.kv_get(session, key))
+    }
+
     fn delete(&self, session: &SessionId) -> Result<(), JournalError> {
         let removed = self.streams.write().remove(session);
         let stream = removed.ok_or_else(|| JournalError::UnknownSession(session.clone()))?;

@@ -253,6 +253,19 @@ pub trait Journal: Send + Sync + 'static {
     /// Reserved `brain.` keys are readable too.
     fn kv_get(&self, session: &SessionId, key: &str) -> Result<Option<Value>, JournalError>;
 
+    /// [`Journal::kv_get`], if it can answer from memory without reading a file (it may wait for
+    /// the session's lock); `None` when it would have to read. The dispatcher answers `kv.get`
+    /// callbacks itself when this answers, sparing two thread hand-offs, and leaves the others to
+    /// the callback executors, which may block. The default is `None`.
+    fn kv_get_cached(
+        &self,
+        session: &SessionId,
+        key: &str,
+    ) -> Option<Result<Option<Value>, JournalError>> {
+        let _ = (session, key);
+        None
+    }
+
     /// Makes the session unreadable at once: every later call naming it fails
     /// [`JournalError::UnknownSession`] (an append racing with the delete either lands before it
     /// or fails). Space is reclaimed later. [`JournalError::UnknownSession`] if it does not exist.
