@@ -19,6 +19,8 @@ pub mod config;
 pub mod datadir;
 mod dispatch;
 pub mod effects;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod harness;
 pub mod http;
 pub mod journal;

@@ -25,10 +25,10 @@
 mod auth;
 mod metrics;
 mod poller;
-mod request;
+pub(crate) mod request;
 mod response;
 mod routes;
-mod server;
+pub(crate) mod server;
 mod sse;
 mod wait;
 

@@ -176,7 +176,7 @@ fn is_token_byte(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
 }
 
-fn parse_head(bytes: &[u8]) -> Result<Head, ReadError> {
+pub(crate) fn parse_head(bytes: &[u8]) -> Result<Head, ReadError> {
     let text = std::str::from_utf8(bytes)
         .map_err(|_| refused(400, "the request head is not valid UTF-8"))?;
     let mut lines = text.split("\r\n");
