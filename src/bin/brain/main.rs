@@ -38,6 +38,8 @@ brain run [options] [--agentloop NAME] [--session ID] [--script FILE] [--json] M
   --script FILE              a JSON list of model results for the scripted provider
   --model PROVIDER:NAME      the session's model (default scripted:default); openai and
                              anthropic need OPENAI_API_KEY / ANTHROPIC_API_KEY in Brain's env
+  --model JSON               the whole model object, e.g. with context_window and
+                             max_output_tokens for a harness that requires them
   --json                     print one JSON object: session_id, sequence, outcome, result|error
 
 brain serve [options] [--listen ADDR] [--drain DURATION] [--script FILE] [--log-format json]
@@ -461,6 +463,18 @@ fn run(args: &[String]) -> ExitCode {
                 match arg.as_str() {
                     "--agentloop" => agentloop = Some(value),
                     "--session" => session = Some(value),
+                    // A JSON object is the whole model selection, metadata included (e.g.
+                    // context_window for a harness that requires it); CreateSession checks it.
+                    "--model" if value.trim_start().starts_with('{') => {
+                        match serde_json::from_str::<serde_json::Value>(&value) {
+                            Ok(object @ serde_json::Value::Object(_)) => model = Some(object),
+                            _ => {
+                                return usage_error(&format!(
+                                    "--model: {value:?} is not a JSON object"
+                                ));
+                            }
+                        }
+                    }
                     "--model" => match value.split_once(':') {
                         Some((provider, name)) if !provider.is_empty() && !name.is_empty() => {
                             model = Some(serde_json::json!({"provider": provider, "name": name}));
