@@ -35,13 +35,16 @@ impl SessionId {
     /// Validates an id from outside. Refuses anything but `ses_` and 20 ASCII letters or digits,
     /// naming what was wrong.
     pub fn parse(text: &str) -> Result<SessionId, String> {
-        let shown: String = text.chars().take(40).collect();
+        // Built only for a refusal: parsing is on every callback's path.
+        let shown = || text.chars().take(40).collect::<String>();
         let Some(body) = text.strip_prefix(PREFIX) else {
             return Err(format!(
-                "session id {shown:?} does not start with {PREFIX:?}"
+                "session id {:?} does not start with {PREFIX:?}",
+                shown()
             ));
         };
         if body.len() != BODY_LEN || !body.bytes().all(|b| b.is_ascii_alphanumeric()) {
+            let shown = shown();
             return Err(format!(
                 "session id {shown:?} must be {PREFIX:?} followed by {BODY_LEN} ASCII letters or digits"
             ));
