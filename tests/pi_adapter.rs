@@ -1,0 +1,475 @@
+//! The Pi harness adapter (`adapters/pi`, issue 9) run by a real Brain: real `node` processes
+//! running the real `@mariozechner/pi-coding-agent`, the `scripted` model provider and the `local`
+//! tool driver. Needs `npm ci` in `adapters/pi` (scripts/test does it).
+
+mod common;
+
+use brain::protocol::harness::Event;
+use brain::protocol::harness::{Block, UserInput};
+use brain::session::CreateSession;
+use brain::{Activation, Brain, Options, Outcome, OutcomeKind, Registration, Session};
+use brain::{SessionStatus, WorkerState};
+use common::*;
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// The checkout, where `examples/pi.json` and `adapters/pi` live.
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+/// The model every session here uses: the scripted provider with the metadata Pi requires.
+fn model(script: Option<Value>) -> Value {
+    let mut model = json!({"provider": "scripted", "name": "default",
+                           "context_window": 200_000, "max_output_tokens": 8192});
+    if let Some(script) = script {
+        model["options"] = json!({ "script": script });
+    }
+    model
+}
+
+/// The adapter's registration, after checking that its dependencies are installed.
+fn pi() -> Registration {
+    let installed = Path::new(ROOT).join("adapters/pi/node_modules/@mariozechner/pi-coding-agent");
+    assert!(
+        installed.is_dir(),
+        "{} is missing: run `npm ci` in adapters/pi (scripts/test does)",
+        installed.display()
+    );
+    Registration::new("pi", "node").args([format!("{ROOT}/adapters/pi/harness.mjs")])
+}
+
+fn options(tag: &str) -> Options {
+    let mut options = fast_options(tag);
+    // Node and Pi take a few seconds to start on a loaded machine.
+    options.init_deadline = Duration::from_secs(30);
+    options.cancel_grace = Duration::from_secs(5);
+    options
+}
+
+fn start_pi(tag: &str) -> Brain {
+    start(vec![pi()], options(tag))
+}
+
+fn create(brain: &Brain, request: Value) -> Session {
+    let request = CreateSession::parse(request.to_string().as_bytes()).expect("a valid request");
+    brain
+        .create_session(request)
+        .unwrap_or_else(|error| panic!("create session: {error}"))
+}
+
+fn text(text: &str) -> UserInput {
+    UserInput {
+        content: vec![Block::text(text)],
+    }
+}
+
+fn wait(activation: &Activation) -> Outcome {
+    activation
+        .wait_timeout(WAIT)
+        .unwrap_or_else(|| panic!("activation {} did not end", activation.sequence()))
+}
+
+fn records(session: &Session, kind: &str) -> Vec<Event> {
+    session
+        .events(0, 100_000)
+        .expect("events")
+        .into_iter()
+        .filter(|event| event.event_type == kind)
+        .collect()
+}
+
+/// The requests of the session's model calls, in order.
+fn model_requests(session: &Session) -> Vec<Value> {
+    records(session, "model_call_started")
+        .into_iter()
+        .map(|event| event.data["request"].clone())
+        .collect()
+}
+
+/// Blocks until the session's journal holds a record of `kind` (bounded by WAIT).
+fn wait_for_record(session: &Session, kind: &str) {
+    session
+        .wait_for_events(WAIT, |events| events.iter().any(|e| e.event_type == kind))
+        .unwrap_or_else(|_| panic!("no {kind} record in session {}", session.id()));
+}
+
+fn worker_pid(brain: &Brain) -> u32 {
+    brain
+        .status()
+        .worker("pi", 0)
+        .and_then(|worker| worker.pid)
+        .expect("a running worker")
+}
+
+fn kill(pid: u32) {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill the worker");
+}
+
+/// The text of a message's text blocks.
+fn texts(message: &Value) -> Vec<&str> {
+    message["content"]
+        .as_array()
+        .expect("content")
+        .iter()
+        .filter_map(|block| block["text"].as_str())
+        .collect()
+}
+
+/// A session declaring tool `lookup` in a `local` environment running `script` with /bin/sh.
+fn with_lookup_tool(script_for_model: Value, shell: &str) -> Value {
+    json!({
+        "agentloop": {"name": "pi"},
+        "model": model(Some(script_for_model)),
+        "tools": [{"name": "lookup", "description": "Look a word up",
+                   "input_schema": {"type": "object", "properties": {"word": {"type": "string"}}},
+                   "placements": ["host"]}],
+        "environments": [{"name": "host", "driver": "local", "configuration": {
+            "tools": {"lookup": {"command": ["/bin/sh", "-c", shell]}}}}],
+    })
+}
+
+fn asks_for(tool: &str, input: Value) -> Value {
+    json!({"message": {"role": "assistant", "content": [
+              {"type": "text", "text": "Let me check."},
+              {"type": "tool_use", "id": "tu_1", "name": tool, "input": input}]},
+           "stop_reason": "tool_use", "usage": {}})
+}
+
+fn answers(text: &str) -> Value {
+    json!({"message": {"role": "assistant", "content": [{"type": "text", "text": text}]},
+           "stop_reason": "end_turn", "usage": {}})
+}
+
+#[test]
+fn the_model_asks_for_a_tool_the_local_driver_runs_it_and_the_model_answers() {
+    let brain = start_pi("tool");
+    let script = json!([
+        asks_for("lookup", json!({"word": "pi"})),
+        answers("pi is 3.14")
+    ]);
+    let session = create(
+        &brain,
+        with_lookup_tool(script, "cat > input.json; echo found-314"),
+    );
+    let outcome = wait(&session.send(text("what is pi?")).unwrap());
+    assert_eq!(outcome.outcome, OutcomeKind::Completed, "{outcome:?}");
+    let result = outcome.result.expect("a result");
+    assert_eq!(result["text"], "pi is 3.14");
+    assert_eq!(result["model_calls"], 2);
+
+    // The tool ran through the local driver, with the model's input on its stdin.
+    let finished = records(&session, "tool_call_finished");
+    assert_eq!(finished.len(), 1, "{finished:?}");
+    assert_eq!(finished[0].data["outcome"], "ok");
+    assert_eq!(
+        finished[0].data["result"]["content"][0]["text"],
+        "found-314\n"
+    );
+    let started = &records(&session, "tool_call_started")[0];
+    assert_eq!(started.data["name"], "lookup", "{}", started.data);
+    assert_eq!(started.data["environment"], "host");
+    assert_eq!(started.data["input"], json!({"word": "pi"}));
+
+    // The second model call saw the tool's result.
+    let requests = model_requests(&session);
+    assert_eq!(requests.len(), 2);
+    let last = requests[1]["messages"].as_array().unwrap().last().unwrap();
+    assert_eq!(last["role"], "user");
+    assert_eq!(last["content"][0]["type"], "tool_result");
+    assert_eq!(last["content"][0]["tool_use_id"], "tu_1");
+    assert_eq!(last["content"][0]["content"][0]["text"], "found-314\n");
+
+    // The transcript was saved before the answer: question, tool use, tool result, answer.
+    let (transcript, _) = session.transcript().unwrap();
+    let transcript = serde_json::to_value(&transcript).unwrap();
+    let roles: Vec<&str> = transcript
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["role"].as_str().unwrap())
+        .collect();
+    assert_eq!(roles, ["user", "assistant", "user", "assistant"]);
+    assert_eq!(texts(&transcript[3]), ["pi is 3.14"]);
+}
+
+/// The Pi session files in a session's native state directory.
+fn native_sessions(state_dir: &Path) -> Vec<PathBuf> {
+    let dir = state_dir.join("pi/sessions");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|error| panic!("{}: {error}", dir.display()))
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|e| e == "jsonl"))
+        .collect();
+    files.sort();
+    files
+}
+
+/// The messages (role and text) Pi's native session file holds.
+fn native_messages(file: &Path) -> Vec<(String, String)> {
+    std::fs::read_to_string(file)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str::<Value>(line).unwrap())
+        .filter(|entry| entry["type"] == "message")
+        .map(|entry| {
+            let message = &entry["message"];
+            let text = message["content"]
+                .as_array()
+                .map(|parts| {
+                    parts
+                        .iter()
+                        .filter_map(|p| p["text"].as_str())
+                        .collect::<String>()
+                })
+                .unwrap_or_default();
+            (message["role"].as_str().unwrap().to_owned(), text)
+        })
+        .collect()
+}
+
+/// Two messages in one session; `between` runs after the first. The second model request must
+/// hold the first exchange, and Pi's one native session must hold both.
+fn second_message_sees_the_first(tag: &str, between: impl FnOnce(&Brain, &Session)) {
+    let brain = start_pi(tag);
+    // No script: the scripted provider echoes the last user text.
+    let session = create(
+        &brain,
+        json!({"agentloop": {"name": "pi"}, "model": model(None)}),
+    );
+    let first = wait(&session.send(text("remember the word kumquat")).unwrap());
+    assert_eq!(first.outcome, OutcomeKind::Completed, "{first:?}");
+    let state_dir = session.info().unwrap().state_dir;
+    let native = native_sessions(&state_dir);
+    assert_eq!(native.len(), 1, "one native Pi session: {native:?}");
+
+    between(&brain, &session);
+
+    let second = wait(&session.send(text("which word?")).unwrap());
+    assert_eq!(second.outcome, OutcomeKind::Completed, "{second:?}");
+    let requests = model_requests(&session);
+    assert_eq!(requests.len(), 2);
+    let messages = requests[1]["messages"].as_array().unwrap();
+    let seen: Vec<(&str, Vec<&str>)> = messages
+        .iter()
+        .map(|m| (m["role"].as_str().unwrap(), texts(m)))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("user", vec!["remember the word kumquat"]),
+            ("assistant", vec!["remember the word kumquat"]),
+            ("user", vec!["which word?"]),
+        ]
+    );
+    // The continuation is Pi's own session file, reopened and appended to (a session rebuilt
+    // from Brain's transcript would be a new file).
+    assert_eq!(native_sessions(&state_dir), native);
+    let words: Vec<(String, String)> = native_messages(&native[0]);
+    assert_eq!(
+        words,
+        [
+            ("user".into(), "remember the word kumquat".into()),
+            ("assistant".into(), "remember the word kumquat".into()),
+            ("user".into(), "which word?".into()),
+            ("assistant".into(), "which word?".into()),
+        ]
+    );
+}
+
+#[test]
+fn a_second_message_sees_the_first_exchange() {
+    second_message_sees_the_first("second", |_, _| {});
+}
+
+#[test]
+fn a_second_message_sees_the_first_exchange_after_the_idle_worker_was_killed() {
+    second_message_sees_the_first("second-killed", |brain, session| {
+        let pid = worker_pid(brain);
+        kill(pid);
+        let status = brain
+            .wait_for(WAIT, |s| {
+                s.worker("pi", 0).is_some_and(|w| {
+                    w.state == WorkerState::Healthy && w.pid.is_some_and(|p| p != pid)
+                })
+            })
+            .expect("the worker was respawned");
+        assert!(status.worker("pi", 0).unwrap().restarts >= 1);
+        assert_eq!(session.info().unwrap().status, SessionStatus::Open);
+    });
+}
+
+/// A session whose model asks for `lookup`, which blocks until killed; returns once the tool runs.
+fn blocked_in_a_tool(brain: &Brain) -> (Session, Activation) {
+    let script = json!([
+        asks_for("lookup", json!({"word": "slow"})),
+        answers("never")
+    ]);
+    let session = create(brain, with_lookup_tool(script, "exec sleep 60"));
+    let activation = session.send(text("take your time")).unwrap();
+    wait_for_record(&session, "tool_call_started");
+    (session, activation)
+}
+
+#[test]
+fn cancel_mid_run_ends_cancelled_within_the_grace() {
+    let brain = start_pi("cancel");
+    let grace = options("grace").cancel_grace;
+    let (session, activation) = blocked_in_a_tool(&brain);
+    let pid = worker_pid(&brain);
+    let asked = Instant::now();
+    assert!(session.cancel().unwrap().was_running);
+    let outcome = wait(&activation);
+    let took = asked.elapsed();
+    assert_eq!(outcome.outcome, OutcomeKind::Cancelled, "{outcome:?}");
+    assert_eq!(outcome.error.as_ref().unwrap().code.as_str(), "cancelled");
+    assert!(took < grace, "cancel took {took:?}, the grace is {grace:?}");
+    // The adapter answered by itself: Brain did not have to kill it.
+    assert_eq!(worker_pid(&brain), pid);
+    assert_eq!(brain.status().worker("pi", 0).unwrap().restarts, 0);
+    // No further model call started after the cancel.
+    assert_eq!(model_requests(&session).len(), 1);
+    assert_eq!(session.info().unwrap().status, SessionStatus::Interrupted);
+}
+
+#[test]
+fn the_adapter_killed_mid_run_leaves_the_session_interrupted() {
+    let brain = start_pi("killed");
+    let (session, activation) = blocked_in_a_tool(&brain);
+    kill(worker_pid(&brain));
+    let outcome = wait(&activation);
+    assert_eq!(outcome.outcome, OutcomeKind::Failed, "{outcome:?}");
+    assert_eq!(outcome.error.as_ref().unwrap().code.as_str(), "worker_lost");
+    let info = session.info().unwrap();
+    assert_eq!(info.status, SessionStatus::Interrupted);
+    assert_eq!(info.marker, Some(activation.sequence()));
+    let refused = session.send(text("again")).unwrap_err();
+    assert_eq!(refused.code.as_str(), "session_interrupted");
+}
+
+#[test]
+fn unknown_configuration_keys_and_missing_model_metadata_are_refused_at_creation() {
+    let brain = start_pi("refusals");
+    let parse = |request: Value| CreateSession::parse(request.to_string().as_bytes()).unwrap();
+
+    let unknown = brain
+        .create_session(parse(json!({
+            "agentloop": {"name": "pi", "configuration": {"temprature": 0.2}},
+            "model": model(None)})))
+        .unwrap_err();
+    assert_eq!(unknown.code.as_str(), "invalid_configuration");
+    assert!(
+        unknown.message.contains("temprature"),
+        "{}",
+        unknown.message
+    );
+    assert!(
+        unknown.message.contains("compaction"),
+        "{}",
+        unknown.message
+    );
+
+    let missing = brain
+        .create_session(parse(json!({
+            "agentloop": {"name": "pi"},
+            "model": {"provider": "scripted", "name": "default", "context_window": 1000}})))
+        .unwrap_err();
+    assert_eq!(missing.code.as_str(), "missing_model_metadata");
+    assert!(
+        missing.message.contains("max_output_tokens"),
+        "{}",
+        missing.message
+    );
+    assert!(
+        !missing.message.contains("context_window"),
+        "{}",
+        missing.message
+    );
+
+    let defaulted = brain
+        .create_session(parse(json!({"agentloop": {"name": "pi"}})))
+        .unwrap_err();
+    assert_eq!(defaulted.code.as_str(), "missing_model_metadata");
+    assert!(
+        defaulted.message.contains("context_window"),
+        "{}",
+        defaulted.message
+    );
+}
+
+#[test]
+fn an_https_image_in_the_input_reaches_the_model_request() {
+    let brain = start_pi("image");
+    let session = create(
+        &brain,
+        json!({"agentloop": {"name": "pi"}, "model": model(None)}),
+    );
+    let input: UserInput = serde_json::from_value(json!({"content": [
+        {"type": "text", "text": "What does this show?"},
+        {"type": "image", "url": "https://example.com/chart.png"}]}))
+    .unwrap();
+    let outcome = wait(&session.send(input).unwrap());
+    assert_eq!(outcome.outcome, OutcomeKind::Completed, "{outcome:?}");
+    let requests = model_requests(&session);
+    let user = requests[0]["messages"].as_array().unwrap().last().unwrap();
+    assert_eq!(user["role"], "user");
+    assert_eq!(
+        user["content"],
+        json!([{"type": "text", "text": "What does this show?"},
+               {"type": "image", "url": "https://example.com/chart.png"}])
+    );
+}
+
+#[test]
+fn a_tool_the_session_did_not_admit_is_never_offered_nor_run() {
+    let brain = start_pi("admitted");
+    // The model asks for Pi's built-in `bash`, which this session did not declare.
+    let script = json!([
+        asks_for("bash", json!({"command": "touch pwned"})),
+        answers("ok")
+    ]);
+    let session = create(&brain, with_lookup_tool(script, "echo found"));
+    let outcome = wait(&session.send(text("run something")).unwrap());
+    assert_eq!(outcome.outcome, OutcomeKind::Completed, "{outcome:?}");
+    let requests = model_requests(&session);
+    assert_eq!(requests.len(), 2);
+    for request in &requests {
+        let offered: Vec<&str> = request["tools"]
+            .as_array()
+            .expect("the adapter names the tools it offers")
+            .iter()
+            .map(|tool| tool["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(offered, ["lookup"], "{request}");
+    }
+    // Nothing ran: no tool call reached Brain, and Pi's own bash never ran on the host.
+    assert!(records(&session, "tool_call_started").is_empty());
+    let state_dir = session.info().unwrap().state_dir;
+    assert!(!state_dir.join("pwned").exists());
+    // The model was told the tool does not exist.
+    let last = requests[1]["messages"].as_array().unwrap().last().unwrap();
+    assert_eq!(last["content"][0]["type"], "tool_result");
+    assert_eq!(last["content"][0]["is_error"], true);
+}
+
+#[test]
+fn brain_run_completes_with_the_example_registration() {
+    let data = temp_dir("pi-run").join("data");
+    let output = run_bounded(
+        std::process::Command::new(BRAIN)
+            .current_dir(ROOT)
+            .args(["run", "--data-dir"])
+            .arg(&data)
+            .args(["--agentloops", "examples/pi.json", "--agentloop", "pi"])
+            .args(["--model", &model(None).to_string(), "hello from brain run"]),
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "brain run failed: {stderr}");
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        "hello from brain run\n"
+    );
+}
