@@ -701,7 +701,12 @@ impl Dispatcher {
                 let answer = result
                     .map_err(journal_error)
                     .and_then(|()| self.info(&session));
+                let passivated =
+                    matches!(&answer, Ok(info) if info.status == SessionStatus::Passivated);
                 let _ = reply.send(answer);
+                if passivated {
+                    self.make_dormant(&session);
+                }
             }
             DurableToken::ClientEvent { sequence, reply } => {
                 let _ = reply.send(result.map_err(journal_error).map(|()| sequence));
@@ -1565,6 +1570,19 @@ impl Dispatcher {
             Err(error) => {
                 let _ = reply.send(Err(journal_error(error)));
             }
+        }
+    }
+
+    /// Forgets a passivated session's in-memory state, keeping only its placement, as a restart
+    /// would: it is recovered from the journal when a command next names it. A passivated
+    /// session's memory is then what a recovered one costs, not an open one's.
+    fn make_dormant(&mut self, id: &SessionId) {
+        let idle = self.sessions.get(id).is_some_and(|state| {
+            state.active.is_none() && state.status() == SessionStatus::Passivated
+        });
+        if let (true, Some(state)) = (idle, self.sessions.remove(id)) {
+            self.dormant
+                .insert(id.clone(), (state.registration, state.slot));
         }
     }
 
