@@ -30,10 +30,13 @@ const ADAPTER_VERSION = "0.1.0";
 /** The format of the native state under `state_dir` (Pi's session files in `pi/`). */
 const STATE_VERSION = "1";
 const PI_PACKAGE = "@mariozechner/pi-coding-agent";
-/** The `api` under which the Brain provider is registered in Pi's API registry. */
-const BRAIN_API = "brain-harness-v1";
-/** The name of the provider in Pi's model registry. */
-const BRAIN_PROVIDER = "brain";
+/**
+ * The name of a session's provider in its Pi model registry, which is also its `api` in Pi's
+ * (process-wide) API registry: one per Brain session, so that every Pi model call — the agent
+ * loop's and compaction's alike — reaches the activation of its own session, and so that closing
+ * the session can unregister it.
+ */
+const providerName = (sessionId) => `brain/${sessionId}`;
 /** Keys the session's (and the registration's) configuration may use. */
 const CONFIGURATION_KEYS = ["compaction"];
 const COMPACTION_KEYS = ["enabled", "reserve_tokens", "keep_recent_tokens"];
@@ -47,17 +50,24 @@ function piVersion() {
   }
 }
 
-// Pi takes seconds to import: start at once, answer `initialize` without waiting for it.
+// Pi takes seconds to import: start at once, while Brain's initialize is on its way. A worker whose
+// Pi cannot load fails initialize, so `brain check` shows it.
 const piLoaded = Promise.all([import(PI_PACKAGE), import("@mariozechner/pi-ai")]).then(([pi, ai]) => ({ pi, ai }));
 piLoaded.catch((error) => log(`agentloop-pi: loading ${PI_PACKAGE} failed (run npm ci in adapters/pi):`, error));
 
-/** Brain session id -> its open Pi session: { agent, piSessionId, activation } */
+/** Brain session id -> its open Pi session: { agent, provider, activation } */
 const sessions = new Map();
-/** Pi session id -> the Brain session entry, for the provider's stream. */
-const byPiSession = new Map();
 
 serve({
-  initialize() {
+  async initialize() {
+    try {
+      await piLoaded;
+    } catch (error) {
+      throw new HarnessError(
+        "harness_error",
+        `agentloop-pi cannot load ${PI_PACKAGE} (run npm ci in adapters/pi): ${error.message}`,
+      );
+    }
     return {
       protocol: PROTOCOL,
       identity: { name: "agentloop-pi", version: `${ADAPTER_VERSION}+pi.${piVersion()}` },
@@ -71,14 +81,13 @@ serve({
   async run(ctx) {
     const { pi, ai } = await piLoaded;
     const settings = compactionSettings(ctx.input.configuration ?? {});
+    const { text, images } = promptOf(ctx.input);
+    // An event-only activation with no events: nothing for Pi to do.
+    if (text === "" && images.length === 0) return undefined;
     if (ctx.signal.aborted) throw ctx.signal.reason;
     const entry = await openSession(ctx, pi, ai, settings);
     entry.activation = { ctx, modelCalls: 0, lastCallError: undefined };
     try {
-      const { text, images } = promptOf(ctx.input);
-      if (text === "" && images.length === 0) {
-        throw new HarnessError("invalid_input", "run: neither input nor events to act on");
-      }
       if (ctx.signal.aborted) throw ctx.signal.reason;
       try {
         await entry.agent.prompt(text, { images, expandPromptTemplates: false, source: "rpc" });
@@ -112,15 +121,16 @@ serve({
     }
   },
 
-  close({ session_id }) {
+  async close({ session_id }) {
     const entry = sessions.get(session_id);
     if (!entry) return;
     sessions.delete(session_id);
-    byPiSession.delete(entry.piSessionId);
     try {
       entry.agent.dispose();
+      const { ai } = await piLoaded;
+      ai.unregisterApiProviders(`provider:${entry.provider}`);
     } catch (error) {
-      log("agentloop-pi: dispose failed:", error);
+      log("agentloop-pi: releasing the session failed:", error);
     }
   },
 });
@@ -174,15 +184,16 @@ async function openSession(ctx, pi, ai, compaction) {
   const piDir = join(stateDir, "pi");
   mkdirSync(piDir, { recursive: true, mode: 0o700 });
 
+  const entry = { agent: undefined, provider: providerName(ctx.sessionId), activation: undefined };
   const authStorage = pi.AuthStorage.inMemory();
   const modelRegistry = pi.ModelRegistry.inMemory(authStorage);
-  modelRegistry.registerProvider(BRAIN_PROVIDER, {
+  modelRegistry.registerProvider(entry.provider, {
     name: "Brain",
-    api: BRAIN_API,
+    api: entry.provider,
     baseUrl: "brain:",
     // A placeholder: Pi wants a key for a provider; Brain holds the real ones.
     apiKey: "brain-holds-the-credentials",
-    streamSimple: (piModel, context, options) => streamThroughBrain(ai, piModel, context, options),
+    streamSimple: (piModel, context, options) => streamThroughBrain(ai, entry, piModel, context, options),
     models: [
       {
         id: model.name || "default",
@@ -195,7 +206,7 @@ async function openSession(ctx, pi, ai, compaction) {
       },
     ],
   });
-  const piModel = modelRegistry.find(BRAIN_PROVIDER, model.name || "default");
+  const piModel = modelRegistry.find(entry.provider, model.name || "default");
 
   const sessionManager = pi.SessionManager.continueRecent(stateDir, join(piDir, "sessions"));
   const restored = sessionManager.buildSessionContext().messages.length > 0;
@@ -222,7 +233,6 @@ async function openSession(ctx, pi, ai, compaction) {
     reload: async () => {},
   };
 
-  const entry = { agent: undefined, piSessionId: undefined, activation: undefined };
   const tools = (input.tools ?? []).map((tool) => brainTool(tool, entry));
   const { session: agent } = await pi.createAgentSession({
     cwd: stateDir,
@@ -241,10 +251,8 @@ async function openSession(ctx, pi, ai, compaction) {
   });
   agent.setAutoRetryEnabled(false);
   entry.agent = agent;
-  entry.piSessionId = agent.sessionId;
   sessions.set(ctx.sessionId, entry);
-  byPiSession.set(entry.piSessionId, entry);
-  log(`agentloop-pi: session ${ctx.sessionId} ${restored ? "reopened" : "created"} (pi session ${entry.piSessionId})`);
+  log(`agentloop-pi: session ${ctx.sessionId} ${restored ? "reopened" : "created"} (pi session ${agent.sessionId})`);
   return entry;
 }
 
@@ -329,8 +337,8 @@ function fromBrainTranscript(messages) {
       out.push({
         role: "assistant",
         content: assistantContentToPi(content),
-        api: BRAIN_API,
-        provider: BRAIN_PROVIDER,
+        api: "brain",
+        provider: "brain",
         model: "imported",
         usage: zeroUsage(),
         stopReason: content.some((b) => b.type === "tool_use") ? "toolUse" : "stop",
@@ -476,7 +484,7 @@ const STOP_REASONS = {
  * replayed as Pi's assistant message events. Nothing is retried; a failed call ends the stream
  * with an error (or `aborted` once the activation was cancelled).
  */
-function streamThroughBrain(ai, piModel, context, options) {
+function streamThroughBrain(ai, entry, piModel, context, options) {
   const stream = ai.createAssistantMessageEventStream();
   const output = {
     role: "assistant",
@@ -488,12 +496,11 @@ function streamThroughBrain(ai, piModel, context, options) {
     stopReason: "stop",
     timestamp: Date.now(),
   };
-  const entry = byPiSession.get(options?.sessionId);
-  const activation = entry?.activation;
+  const activation = entry.activation;
   const signal = options?.signal;
   (async () => {
     try {
-      if (!activation) throw new Error(`no running activation for pi session ${options?.sessionId}`);
+      if (!activation) throw new Error("a model call outside of an activation: Brain would refuse it");
       const request = {
         messages: toBrainMessages(context.messages),
         tools: (context.tools ?? []).map((tool) => ({
