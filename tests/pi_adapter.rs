@@ -132,8 +132,15 @@ fn with_lookup_tool(script_for_model: Value, shell: &str) -> Value {
     })
 }
 
+/// An opaque provider block Pi must hand back to Brain untouched.
+fn native() -> Value {
+    json!({"type": "native", "format": "test.reasoning",
+           "data": {"id": "rs_1", "encrypted_content": "gAAA"}})
+}
+
 fn asks_for(tool: &str, input: Value) -> Value {
     json!({"message": {"role": "assistant", "content": [
+              native(),
               {"type": "text", "text": "Let me check."},
               {"type": "tool_use", "id": "tu_1", "name": tool, "input": input}]},
            "stop_reason": "tool_use", "usage": {}})
@@ -174,9 +181,17 @@ fn the_model_asks_for_a_tool_the_local_driver_runs_it_and_the_model_answers() {
     assert_eq!(started.data["environment"], "host");
     assert_eq!(started.data["input"], json!({"word": "pi"}));
 
-    // The second model call saw the tool's result.
+    // The second model call saw the first answer exactly as the model gave it (the native block
+    // included), then the tool's result.
     let requests = model_requests(&session);
     assert_eq!(requests.len(), 2);
+    assert_eq!(
+        requests[1]["messages"][1],
+        json!({"role": "assistant", "content": [
+            native(),
+            {"type": "text", "text": "Let me check."},
+            {"type": "tool_use", "id": "tu_1", "name": "lookup", "input": {"word": "pi"}}]})
+    );
     let last = requests[1]["messages"].as_array().unwrap().last().unwrap();
     assert_eq!(last["role"], "user");
     assert_eq!(last["content"][0]["type"], "tool_result");
@@ -453,6 +468,27 @@ fn a_tool_the_session_did_not_admit_is_never_offered_nor_run() {
     let last = requests[1]["messages"].as_array().unwrap().last().unwrap();
     assert_eq!(last["content"][0]["type"], "tool_result");
     assert_eq!(last["content"][0]["is_error"], true);
+}
+
+#[test]
+fn a_session_created_with_a_transcript_continues_from_it() {
+    let brain = start_pi("import");
+    let imported = json!([
+        {"role": "user", "content": [{"type": "text", "text": "my name is Ada"}]},
+        {"role": "assistant", "content": [native(), {"type": "text", "text": "hello Ada"}]}]);
+    let session = create(
+        &brain,
+        json!({"agentloop": {"name": "pi"}, "model": model(None), "transcript": imported}),
+    );
+    let outcome = wait(&session.send(text("what is my name?")).unwrap());
+    assert_eq!(outcome.outcome, OutcomeKind::Completed, "{outcome:?}");
+    let mut expected = imported.as_array().unwrap().clone();
+    expected
+        .push(json!({"role": "user", "content": [{"type": "text", "text": "what is my name?"}]}));
+    assert_eq!(
+        model_requests(&session)[0]["messages"],
+        Value::Array(expected)
+    );
 }
 
 #[test]

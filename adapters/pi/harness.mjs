@@ -95,6 +95,7 @@ serve({
         if (ctx.signal.aborted) throw ctx.signal.reason;
         throw new HarnessError("harness_error", `pi: ${error.message ?? error}`);
       }
+      await settled(entry.agent);
       // Save the transcript before answering, also after cancel (transcript.set still works then).
       await saveTranscript(ctx, entry, pi);
       if (ctx.signal.aborted) throw ctx.signal.reason;
@@ -567,6 +568,17 @@ function replay(stream, output, result) {
   output.stopReason = hasToolCalls ? "toolUse" : (STOP_REASONS[result?.stop_reason] ?? "stop");
   stream.push({ type: "done", reason: output.stopReason, message: output });
   stream.end();
+}
+
+/**
+ * Waits until Pi has processed the events of the finished prompt. Pi handles `agent_end` (where
+ * its threshold compaction runs) on an internal queue that `prompt()` does not await; waiting here
+ * keeps that compaction, and its model call through Brain, inside the activation. The queue is
+ * not public API: without it (another Pi version) this waits for nothing.
+ */
+async function settled(agent) {
+  const queue = agent._agentEventQueue;
+  if (queue && typeof queue.then === "function") await queue.then(() => {}, () => {});
 }
 
 /** `transcript.set` with the Pi session's messages in Brain's shape. */
