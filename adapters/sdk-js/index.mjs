@@ -68,6 +68,11 @@ export function guardStdout() {
   for (const name of ["log", "info", "debug"]) {
     console[name] = (...args) => console.error(...args);
   }
+  // Brain reads stdout for the worker's whole life: once it is closed there is nobody to answer.
+  stdout.on("error", (error) => {
+    log(`harness-sdk: stdout failed (${error.code ?? error.message}); exiting`);
+    process.exit(error.code === "EPIPE" ? 0 : 1);
+  });
   guardStdout.write = (line) => realWrite(line);
   return guardStdout.write;
 }
