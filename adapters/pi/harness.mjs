@@ -16,6 +16,9 @@
 // - the transcript goes to Brain with `transcript.set` before `run` is answered;
 // - `cancel`, or a fatal callback error, aborts Pi's running prompt.
 //
+// `run` answers {"result": {"text": <Pi's last assistant text>, "model_calls": <n>,
+// "stop_reason": <Pi's>}}; a failed model call fails the run with its code (e.g. model_failed).
+//
 // stdout carries protocol lines only: the SDK keeps a private handle on it and sends everything
 // else (console.log, process.stdout.write) to stderr.
 
