@@ -106,3 +106,24 @@ pub fn run_bounded(command: &mut std::process::Command) -> std::process::Output 
         }
     }
 }
+
+/// A tiny deterministic generator (a 64-bit LCG) for random kill points and choices that a seed
+/// can replay.
+#[derive(Debug, Clone)]
+pub struct Lcg(pub u64);
+
+impl Lcg {
+    /// A number in `0..n` (`n` > 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 33) % n
+    }
+
+    /// A new generator for a worker thread, its stream drawn from this one.
+    pub fn fork(&mut self) -> Lcg {
+        Lcg(self.below(u64::MAX) ^ 0x9e37_79b9_7f4a_7c15)
+    }
+}
