@@ -209,6 +209,9 @@ fn the_model_asks_for_a_tool_the_local_driver_runs_it_and_the_model_answers() {
         .collect();
     assert_eq!(roles, ["user", "assistant", "user", "assistant"]);
     assert_eq!(texts(&transcript[3]), ["pi is 3.14"]);
+
+    // Pi and its libraries printed nothing but protocol lines on stdout.
+    assert_eq!(brain.status().worker("pi", 0).unwrap().violations, 0);
 }
 
 /// The Pi session files in a session's native state directory.
