@@ -474,6 +474,39 @@ fn a_tool_the_session_did_not_admit_is_never_offered_nor_run() {
 }
 
 #[test]
+fn a_session_tool_named_like_a_pi_builtin_runs_through_brain() {
+    let brain = start_pi("builtin-name");
+    let script = json!([
+        asks_for("read", json!({"path": "/etc/hostname"})),
+        answers("read it")
+    ]);
+    let session = create(
+        &brain,
+        json!({
+            "agentloop": {"name": "pi"},
+            "model": model(Some(script)),
+            "tools": [{"name": "read", "description": "Read through Brain",
+                       "input_schema": {"type": "object"}, "placements": ["host"]}],
+            "environments": [{"name": "host", "driver": "local", "configuration": {
+                "tools": {"read": {"command": ["/bin/sh", "-c", "echo from-brain"]}}}}],
+        }),
+    );
+    let outcome = wait(&session.send(text("read the hostname")).unwrap());
+    assert_eq!(outcome.outcome, OutcomeKind::Completed, "{outcome:?}");
+    let requests = model_requests(&session);
+    // Offered with the session's declaration, not Pi's.
+    assert_eq!(
+        requests[0]["tools"],
+        json!([{"name": "read", "description": "Read through Brain",
+                "input_schema": {"type": "object"}}])
+    );
+    // Executed by Brain's driver: the model reads its output, not the file.
+    assert_eq!(records(&session, "tool_call_finished").len(), 1);
+    let last = requests[1]["messages"].as_array().unwrap().last().unwrap();
+    assert_eq!(last["content"][0]["content"][0]["text"], "from-brain\n");
+}
+
+#[test]
 fn a_session_created_with_a_transcript_continues_from_it() {
     let brain = start_pi("import");
     let imported = json!([
