@@ -501,3 +501,25 @@ fn write_seed_corpus() {
         write_seed("http_request", request.as_bytes());
     }
 }
+
+/// Found by the `jsonrpc` target: without serde_json's `float_roundtrip`, parsing is not
+/// correctly rounded, so a number Brain stores or forwards changed in its last bit each time it
+/// was written and read back (a journaled record, a kv value, a forwarded result).
+#[test]
+fn numbers_survive_a_json_round_trip_exactly() {
+    for text in [
+        "81222222222222222222222222222222222222222222222222",
+        "8.122222222222222e49",
+        "2.2250738585072011e-308",
+        "0.30000000000000004",
+        "-1.7976931348623157e308",
+    ] {
+        let value: Value = serde_json::from_str(text).expect("a number");
+        let again: Value = serde_json::from_str(&value.to_string()).expect("re-encoded");
+        assert_eq!(again, value, "{text}");
+        assert_eq!(
+            again.as_f64().map(f64::to_bits),
+            value.as_f64().map(f64::to_bits)
+        );
+    }
+}
