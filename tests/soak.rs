@@ -30,7 +30,7 @@
 //! shape of a run, not every interleaving.
 //!
 //! **Load** (`load`, ignored: `scripts/soak --load SECONDS`): 10,000 open sessions on two workers,
-//! 64 activations in flight per worker, for `BRAIN_LOAD_SECONDS`; Brain's private memory, threads
+//! 64 activations in flight per worker, for `BRAIN_LOAD_SECONDS`; Brain's resident memory, threads
 //! and descriptors are sampled every few seconds and must stay flat after the warm-up; no error but
 //! the injected ones (1 session in 50 fails on purpose with code `soak_injected`).
 
@@ -257,15 +257,12 @@ fn status_field(pid: u32, field: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// Private memory (Private_Clean + Private_Dirty + Private_Hugetlb of smaps_rollup), bytes.
-fn private_bytes(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
-        .unwrap_or_default()
-        .lines()
-        .filter(|l| l.starts_with("Private_"))
-        .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-        .sum::<u64>()
-        * 1024
+/// Anonymous resident memory (`RssAnon` of /proc/<pid>/status), bytes: the heap, thread stacks
+/// and anonymous mappings that are resident. Not `Private_*` of smaps_rollup: every fork of a
+/// tool process shares all of Brain's pages with the child until it execs, so the private figure
+/// swings by hundreds of MiB from one sample to the next.
+fn anon_bytes(pid: u32) -> u64 {
+    status_field(pid, "RssAnon:") * 1024
 }
 
 /// Waits until `done` holds, polling; `false` if it still does not after `within`.
@@ -1028,6 +1025,19 @@ fn crash_soak() {
             figures.rounds,
             figures.fds[0]
         );
+        if figures.rounds.is_multiple_of(10) || last {
+            let ledger = ledger.lock();
+            println!(
+                "  round {:4} at {:4.0} s: {} Brain kills, {} worker kills; {} sessions, {} outcomes acknowledged; {} session checks; {fds} descriptors",
+                figures.rounds,
+                began.elapsed().as_secs_f64(),
+                figures.brain_kills,
+                figures.worker_kills,
+                ledger.sessions.len(),
+                ledger.finished.len(),
+                figures.sessions_checked
+            );
+        }
         if last {
             break;
         }
@@ -1110,7 +1120,7 @@ const LOAD_TURNS: u64 = 25;
 /// One session in 50 fails its first activation on purpose (`soak_injected`).
 const INJECT_ONE_IN: u64 = 50;
 
-/// How much Brain's private memory may grow after the warm-up: the mean of the last quarter of
+/// How much Brain's anonymous resident memory may grow after the warm-up: the mean of the last quarter of
 /// the samples over the mean of the first quarter.
 const LOAD_MEMORY_BOUND: u64 = 16 << 20;
 
@@ -1278,7 +1288,7 @@ fn metric_sum(text: &str, name: &str) -> f64 {
 #[derive(Debug, Clone, Copy)]
 struct Sample {
     at_s: f64,
-    private: u64,
+    anon: u64,
     threads: u64,
     fds: usize,
     slots_in_use: f64,
@@ -1348,7 +1358,7 @@ fn load() {
             scope.spawn(move || load_client(world, state, client, share, delay_ms));
         }
         let mut probe = Client::new(&served);
-        println!("      t/s  private/MiB  threads  fds  slots_in_use  activations");
+        println!("      t/s  RssAnon/MiB  threads  fds  slots_in_use  activations");
         loop {
             let metrics = probe
                 .send("GET", "/metrics", None, &[])
@@ -1356,7 +1366,7 @@ fn load() {
                 .unwrap_or_default();
             let sample = Sample {
                 at_s: began.elapsed().as_secs_f64(),
-                private: private_bytes(served.pid),
+                anon: anon_bytes(served.pid),
                 threads: status_field(served.pid, "Threads:"),
                 fds: fd_count(served.pid),
                 slots_in_use: metric_sum(&metrics, "brain_slots_in_use"),
@@ -1365,7 +1375,7 @@ fn load() {
             println!(
                 "  {:7.0}  {:11.1}  {:7}  {:3}  {:12.0}  {:11}",
                 sample.at_s,
-                sample.private as f64 / 1048576.0,
+                sample.anon as f64 / 1048576.0,
                 sample.threads,
                 sample.fds,
                 sample.slots_in_use,
@@ -1396,12 +1406,12 @@ fn load() {
     assert!(after.len() >= 4, "too few samples after the warm-up");
     let quarter = after.len() / 4;
     let mean =
-        |part: &[&Sample]| part.iter().map(|s| s.private as f64).sum::<f64>() / part.len() as f64;
+        |part: &[&Sample]| part.iter().map(|s| s.anon as f64).sum::<f64>() / part.len() as f64;
     let first_mean = mean(&after[..quarter]);
     let last_mean = mean(&after[after.len() - quarter..]);
     let growth = last_mean - first_mean;
-    let peak = after.iter().map(|s| s.private).max().unwrap_or(0);
-    let low = after.iter().map(|s| s.private).min().unwrap_or(0);
+    let peak = after.iter().map(|s| s.anon).max().unwrap_or(0);
+    let low = after.iter().map(|s| s.anon).min().unwrap_or(0);
     let activations = state.activations.load(Ordering::SeqCst);
     let mean_slots = samples.iter().map(|s| s.slots_in_use).sum::<f64>() / samples.len() as f64;
     println!(
@@ -1412,7 +1422,7 @@ fn load() {
     );
     let mib = |b: f64| b / 1048576.0;
     println!(
-        "load: private memory after the warm-up ({:.0} s): {:.1}..{:.1} MiB; mean of the first quarter {:.1} MiB, of the last {:.1} MiB: growth {:+.1} MiB (bound {} MiB)",
+        "load: anonymous resident memory after the warm-up ({:.0} s): {:.1}..{:.1} MiB; mean of the first quarter {:.1} MiB, of the last {:.1} MiB: growth {:+.1} MiB (bound {} MiB)",
         warmup.as_secs_f64(),
         mib(low as f64),
         mib(peak as f64),
@@ -1442,7 +1452,7 @@ fn load() {
     );
     assert!(
         growth <= LOAD_MEMORY_BOUND as f64,
-        "private memory grew by {:.1} MiB after the warm-up",
+        "anonymous resident memory grew by {:.1} MiB after the warm-up",
         mib(growth)
     );
     let _ = std::fs::remove_dir_all(&world.dir);
