@@ -1580,9 +1580,17 @@ impl Dispatcher {
         let idle = self.sessions.get(id).is_some_and(|state| {
             state.active.is_none() && state.status() == SessionStatus::Passivated
         });
-        if let (true, Some(state)) = (idle, self.sessions.remove(id)) {
+        if !idle {
+            return; // reopened meanwhile: a send arrived before the record was durable
+        }
+        if let Some(state) = self.sessions.remove(id) {
             self.dormant
                 .insert(id.clone(), (state.registration, state.slot));
+            // The table keeps its capacity, hundreds of bytes a slot: give it back after a mass
+            // passivation (at most once per halving, so the cost is amortised).
+            if self.sessions.len() * 4 < self.sessions.capacity() {
+                self.sessions.shrink_to(self.sessions.len() * 2);
+            }
         }
     }
 

@@ -453,6 +453,45 @@ fn passivate_close_delete() {
 }
 
 #[test]
+fn a_send_racing_a_passivation_never_loses_the_session() {
+    // A passivated session leaves the dispatcher's memory once its record is durable, unless an
+    // activation arrived in between. Race the two many times: every send must complete and the
+    // session must stay whole, whichever won.
+    let brain = start(vec![fault("race", &[])], options("passivate-race"));
+    let session = create(&brain, "race", json!({}));
+    let id = session.id().clone();
+    for round in 0..40 {
+        let (passivated, sent) = std::thread::scope(|scope| {
+            let racer = scope.spawn(|| brain.session(&id).send(text("race")));
+            let passivated = session.passivate();
+            (passivated, racer.join().expect("the racing thread"))
+        });
+        if let Err(error) = &passivated {
+            assert_eq!(
+                error.code.as_str(),
+                "session_busy",
+                "round {round}: {error}"
+            );
+        }
+        let activation = sent.unwrap_or_else(|error| panic!("round {round}: send: {error}"));
+        assert_eq!(
+            wait(&activation).outcome,
+            OutcomeKind::Completed,
+            "round {round}"
+        );
+        let status = session.info().expect("the session still exists").status;
+        assert!(
+            matches!(status, SessionStatus::Open | SessionStatus::Passivated),
+            "round {round}: {status:?}"
+        );
+    }
+    assert_eq!(
+        wait(&session.send(text("after")).unwrap()).outcome,
+        OutcomeKind::Completed
+    );
+}
+
+#[test]
 fn creation_refusals_name_what_was_wrong() {
     let brain = start(
         vec![
