@@ -5,7 +5,7 @@ use crate::callbacks::Executor;
 use crate::capacity::CapacityQueue;
 use crate::config::{ConfigError, Registrations};
 use crate::datadir::DataDir;
-use crate::dispatch::{Command, Dispatcher, Inputs, Internal};
+use crate::dispatch::{Command, Dispatcher, Inputs};
 use crate::effects::Effects;
 use crate::journal::{DiskJournal, Journal, MemoryJournal};
 use crate::metrics::Metrics;
@@ -237,32 +237,6 @@ fn registration_list(
         .collect()
 }
 
-/// Starts the feeder of one slot: it moves activations from the slot's capacity queue to the
-/// dispatcher as capacity frees, and ends when the queue is stopped.
-fn start_feeder(
-    registration: &str,
-    index: usize,
-    slot: u32,
-    queue: Arc<CapacityQueue<QueueEntry>>,
-    internal: Sender<Internal>,
-) -> std::io::Result<()> {
-    std::thread::Builder::new()
-        .name(format!("brain-w:{registration}/{slot}-feed"))
-        .spawn(move || {
-            while let Some(entry) = queue.take() {
-                let fed = Internal::Fed {
-                    registration: index,
-                    slot,
-                    entry,
-                };
-                if internal.send(fed).is_err() {
-                    return;
-                }
-            }
-        })?;
-    Ok(())
-}
-
 impl Brain {
     /// Validates the configuration, starts every worker and blocks until each has answered
     /// `initialize` or failed (at most the initialize deadline, plus the time to reap).
@@ -344,26 +318,19 @@ impl Brain {
         let (startup_tx, startup) = crossbeam_channel::bounded(1);
         let board = Arc::new(StatusBoard::default());
 
-        let mut queues = Vec::new();
-        for (r, (registration, _)) in resolved.iter().enumerate() {
-            let mut slots = Vec::new();
-            for slot in 0..registration.workers {
-                let queue = Arc::new(CapacityQueue::new(
-                    registration.max_concurrency as usize,
-                    options.queue_bound,
-                ));
-                start_feeder(
-                    &registration.name,
-                    r,
-                    slot,
-                    queue.clone(),
-                    internal_tx.clone(),
-                )
-                .map_err(io_error("starting a feeder thread"))?;
-                slots.push(queue);
-            }
-            queues.push(slots);
-        }
+        let queues: Vec<Vec<_>> = resolved
+            .iter()
+            .map(|(registration, _)| {
+                (0..registration.workers)
+                    .map(|_| {
+                        Arc::new(CapacityQueue::new(
+                            registration.max_concurrency as usize,
+                            options.queue_bound,
+                        ))
+                    })
+                    .collect()
+            })
+            .collect();
         let metrics = Arc::new(Metrics::default());
         let gauge_queues = queues
             .iter()
@@ -383,7 +350,12 @@ impl Brain {
         )
         .map_err(io_error("starting the callback threads"))?;
         let pool = Pool::new(
-            resolved,
+            resolved
+                .into_iter()
+                .zip(&queues)
+                .map(|((registration, program), queues)| (registration, program, queues.clone()))
+                .collect(),
+            internal_tx.clone(),
             options.clone(),
             events_tx,
             timer.clone(),

@@ -1,11 +1,13 @@
-//! Per-worker capacity: a condvar-guarded FIFO of waiting activations and a feeder thread.
+//! Per-worker capacity, and the worker's outgoing lines: one condvar-guarded state per slot.
 //!
 //! Each worker slot has one [`CapacityQueue`]. The dispatcher pushes admitted activations, removes
 //! cancelled ones, opens the queue while the slot is healthy and closes it while it respawns, and
-//! releases a unit of capacity when a run ends. The slot's feeder thread
-//! (`brain-w:<reg>/<slot>-feed`) waits on the condvar until the queue is open, a unit of capacity
-//! is free and an activation waits, takes the head and hands it to the dispatcher. No thread exists
-//! per activation; a waiting activation is an entry in a deque.
+//! releases a unit of capacity when a run ends. It also queues the lines for the slot's current
+//! process here. The process's writer thread (`brain-w:<reg>/<slot>-write`) is the slot's feeder:
+//! it waits on the condvar until it has lines to write, or the queue is open, a unit of capacity is
+//! free and an activation waits, in which case it takes the head and hands it to the dispatcher.
+//! No thread exists per activation or per slot beyond the process's own; a waiting activation is
+//! an entry in a deque.
 
 use parking_lot::{Condvar, Mutex};
 use std::collections::VecDeque;
@@ -18,15 +20,23 @@ struct State<T> {
     bound: usize,
     /// Whether the slot can take work (healthy).
     open: bool,
-    /// Set at teardown: the feeder returns.
+    /// Set at teardown: the writer returns.
     stopped: bool,
+    /// The incarnation whose writer takes lines and feeds; an older writer returns.
+    writer: u64,
+    /// Lines for that incarnation's stdin, oldest first.
+    lines: VecDeque<Vec<u8>>,
+    /// Brain closed that incarnation's stdin: its writer returns once `lines` are written.
+    stdin_closed: bool,
 }
 
-/// A FIFO of activations waiting for capacity on one worker slot.
+/// A FIFO of activations waiting for capacity on one worker slot, and the lines waiting for the
+/// slot's process.
 ///
 /// Guarantees: entries leave in the order they were pushed; at most `limit` taken entries are
 /// outstanding (taken and not yet released); an entry removed with [`CapacityQueue::remove`] is
-/// never taken. The lock is held only for deque operations, never across a blocking call.
+/// never taken; lines are written in the order they were sent, and only to the incarnation they
+/// were sent for. The lock is held only for deque operations, never across a blocking call.
 #[derive(Debug)]
 pub(crate) struct CapacityQueue<T> {
     state: Mutex<State<T>>,
@@ -48,6 +58,9 @@ impl<T: PartialEq> CapacityQueue<T> {
                 bound,
                 open: false,
                 stopped: false,
+                writer: 0,
+                lines: VecDeque::new(),
+                stdin_closed: true,
             }),
             changed: Condvar::new(),
         }
@@ -81,7 +94,7 @@ impl<T: PartialEq> CapacityQueue<T> {
         true
     }
 
-    /// Gives back one unit of capacity taken by [`CapacityQueue::take`].
+    /// Gives back one unit of capacity taken by the writer.
     pub(crate) fn release(&self) {
         let mut state = self.state.lock();
         state.running = state.running.saturating_sub(1);
@@ -111,18 +124,64 @@ impl<T: PartialEq> CapacityQueue<T> {
         self.state.lock().waiting.len()
     }
 
-    /// Stops the feeder: [`CapacityQueue::take`] returns `None` from now on.
+    /// Stops every writer: [`CapacityQueue::next_for_writer`] returns `None` from now on.
     pub(crate) fn stop(&self) {
         self.state.lock().stopped = true;
         self.changed.notify_all();
     }
 
-    /// Blocks until the queue is open, capacity is free and an entry waits; takes it and counts it
-    /// as running. Returns `None` once the queue is stopped.
-    pub(crate) fn take(&self) -> Option<T> {
+    /// Makes `generation` the slot's current incarnation, with an open stdin and no lines; the
+    /// writer of an older one returns.
+    pub(crate) fn attach_writer(&self, generation: u64) {
+        let mut state = self.state.lock();
+        state.writer = generation;
+        state.lines.clear();
+        state.stdin_closed = false;
+        drop(state);
+        self.changed.notify_all();
+    }
+
+    /// Queues a line for incarnation `generation`; dropped when that incarnation is gone or its
+    /// stdin was closed (its exit event fails whatever the line asked).
+    pub(crate) fn send_line(&self, generation: u64, line: Vec<u8>) {
+        let mut state = self.state.lock();
+        if state.writer != generation || state.stdin_closed || state.stopped {
+            return;
+        }
+        state.lines.push_back(line);
+        drop(state);
+        self.changed.notify_all();
+    }
+
+    /// Closes incarnation `generation`'s stdin once the lines already queued are written.
+    pub(crate) fn close_stdin(&self, generation: u64) {
+        let mut state = self.state.lock();
+        if state.writer == generation {
+            state.stdin_closed = true;
+        }
+        drop(state);
+        self.changed.notify_all();
+    }
+
+    /// For the writer of incarnation `generation`: blocks until it has lines to write (returned,
+    /// oldest first) or must stop (`None`: stopped, stdin closed and written out, or a newer
+    /// incarnation took over). Meanwhile, whenever the queue is open, a unit of capacity is free
+    /// and an entry waits, it takes the head, counts it as running and gives it to `feed` (called
+    /// without the lock held).
+    pub(crate) fn next_for_writer(
+        &self,
+        generation: u64,
+        feed: &mut dyn FnMut(T),
+    ) -> Option<Vec<Vec<u8>>> {
         let mut state = self.state.lock();
         loop {
-            if state.stopped {
+            if state.stopped || state.writer != generation {
+                return None;
+            }
+            if !state.lines.is_empty() {
+                return Some(state.lines.drain(..).collect());
+            }
+            if state.stdin_closed {
                 return None;
             }
             if state.open
@@ -130,7 +189,10 @@ impl<T: PartialEq> CapacityQueue<T> {
                 && let Some(item) = state.waiting.pop_front()
             {
                 state.running += 1;
-                return Some(item);
+                drop(state);
+                feed(item);
+                state = self.state.lock();
+                continue;
             }
             self.changed.wait(&mut state);
         }
@@ -143,35 +205,79 @@ mod tests {
     use std::sync::Arc;
     use std::time::Duration;
 
+    /// A writer thread for incarnation `generation`: fed entries and written batches go to the
+    /// returned channels; it ends when `next_for_writer` says so.
+    fn writer(
+        queue: &Arc<CapacityQueue<i32>>,
+        generation: u64,
+    ) -> (
+        crossbeam_channel::Receiver<i32>,
+        crossbeam_channel::Receiver<Vec<Vec<u8>>>,
+        std::thread::JoinHandle<()>,
+    ) {
+        let (fed_tx, fed) = crossbeam_channel::unbounded();
+        let (lines_tx, lines) = crossbeam_channel::unbounded();
+        let queue = queue.clone();
+        let handle = std::thread::spawn(move || {
+            while let Some(batch) =
+                queue.next_for_writer(generation, &mut |n| fed_tx.send(n).unwrap())
+            {
+                lines_tx.send(batch).unwrap();
+            }
+        });
+        (fed, lines, handle)
+    }
+
     #[test]
     fn takes_in_order_up_to_the_limit_and_waits_for_release() {
         let queue = Arc::new(CapacityQueue::new(2, 100));
         for n in 0..5 {
             queue.push(n).unwrap();
         }
+        queue.attach_writer(1);
+        let (fed, _lines, handle) = writer(&queue, 1);
+        // Closed: nothing is taken.
+        assert!(fed.recv_timeout(Duration::from_millis(100)).is_err());
         queue.set_open(true);
-        assert_eq!(queue.take(), Some(0));
-        assert_eq!(queue.take(), Some(1));
-        let (tx, rx) = crossbeam_channel::unbounded();
-        let feeder = {
-            let queue = queue.clone();
-            std::thread::spawn(move || {
-                while let Some(n) = queue.take() {
-                    tx.send(n).unwrap();
-                }
-            })
-        };
+        assert_eq!(fed.recv_timeout(Duration::from_secs(5)), Ok(0));
+        assert_eq!(fed.recv_timeout(Duration::from_secs(5)), Ok(1));
         // At the limit: nothing more is taken until a release.
-        assert!(rx.recv_timeout(Duration::from_millis(100)).is_err());
+        assert!(fed.recv_timeout(Duration::from_millis(100)).is_err());
+        assert_eq!(queue.running(), 2);
         queue.release();
-        assert_eq!(rx.recv_timeout(Duration::from_secs(5)), Ok(2));
+        assert_eq!(fed.recv_timeout(Duration::from_secs(5)), Ok(2));
         assert!(queue.remove(&4));
         queue.release();
-        assert_eq!(rx.recv_timeout(Duration::from_secs(5)), Ok(3));
+        assert_eq!(fed.recv_timeout(Duration::from_secs(5)), Ok(3));
         queue.release();
-        assert!(rx.recv_timeout(Duration::from_millis(100)).is_err());
+        assert!(fed.recv_timeout(Duration::from_millis(100)).is_err());
         queue.stop();
-        feeder.join().unwrap();
+        handle.join().unwrap();
+    }
+
+    #[test]
+    fn lines_reach_only_their_incarnation_and_closing_stdin_ends_the_writer() {
+        let queue = Arc::new(CapacityQueue::<i32>::new(1, 10));
+        queue.attach_writer(1);
+        let (_fed, lines, old) = writer(&queue, 1);
+        queue.send_line(1, b"a".to_vec());
+        queue.send_line(1, b"b".to_vec());
+        let mut written = Vec::new();
+        while written.len() < 2 {
+            written.extend(lines.recv_timeout(Duration::from_secs(5)).unwrap());
+        }
+        assert_eq!(written, vec![b"a".to_vec(), b"b".to_vec()]);
+        // A new incarnation: the old writer returns, and lines for it are dropped.
+        queue.attach_writer(2);
+        old.join().unwrap();
+        queue.send_line(1, b"stale".to_vec());
+        let (_fed, lines, new) = writer(&queue, 2);
+        queue.send_line(2, b"c".to_vec());
+        queue.close_stdin(2);
+        queue.send_line(2, b"after close".to_vec());
+        new.join().unwrap();
+        let rest: Vec<Vec<u8>> = lines.try_iter().flatten().collect();
+        assert_eq!(rest, vec![b"c".to_vec()]);
     }
 
     #[test]

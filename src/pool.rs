@@ -11,14 +11,17 @@
 //! allows within the window, or changed identity. Shutdown moves slots to `Stopping → Stopped`
 //! without counting anything against them.
 
+use crate::capacity::CapacityQueue;
 use crate::config::Registration;
 use crate::datadir::DataDir;
+use crate::dispatch::Internal;
 use crate::options::Options;
 use crate::protocol::harness::{
     self, BrainInfo, InitializeParams, InitializeResult, PROTOCOL, ShutdownParams,
 };
 use crate::protocol::jsonrpc::{self, Message, Request, RequestId, Response, RpcError, Violation};
 use crate::session::SessionId;
+use crate::sessions::QueueEntry;
 use crate::status::{
     FailureReason, PoolStatus, RegistrationStatus, StatusBoard, WorkerFailure, WorkerState,
     WorkerStatus,
@@ -121,9 +124,13 @@ struct RegistrationState {
     agreed: Option<InitializeResult>,
 }
 
+/// A slot's capacity queue, which also carries the lines for its process's stdin.
+pub(crate) type SlotQueue = Arc<CapacityQueue<QueueEntry>>;
+
 #[derive(Debug)]
 struct Slot {
     index: u32,
+    queue: SlotQueue,
     state: WorkerState,
     generation: u64,
     live: Option<Live>,
@@ -172,6 +179,8 @@ pub(crate) enum StartupRefusal {
 
 pub(crate) struct Pool {
     registrations: Vec<RegistrationState>,
+    /// Where a writer thread hands the activations it takes off its slot's queue.
+    fed: Sender<Internal>,
     options: Options,
     events: Sender<(WorkerKey, WorkerEvent)>,
     timer: Timer<Deadline>,
@@ -187,7 +196,8 @@ pub(crate) struct Pool {
 
 impl Pool {
     pub(crate) fn new(
-        registrations: Vec<(Registration, PathBuf)>,
+        registrations: Vec<(Registration, PathBuf, Vec<SlotQueue>)>,
+        fed: Sender<Internal>,
         options: Options,
         events: Sender<(WorkerKey, WorkerEvent)>,
         timer: Timer<Deadline>,
@@ -196,11 +206,14 @@ impl Pool {
     ) -> Pool {
         let registrations = registrations
             .into_iter()
-            .map(|(registration, program)| RegistrationState {
+            .map(|(registration, program, queues)| RegistrationState {
                 state_root: options.data_dir.join("agentloops").join(&registration.name),
-                slots: (0..registration.workers)
-                    .map(|index| Slot {
+                slots: queues
+                    .iter()
+                    .zip(0..registration.workers)
+                    .map(|(queue, index)| Slot {
                         index,
+                        queue: queue.clone(),
                         state: WorkerState::Starting,
                         generation: 0,
                         live: None,
@@ -220,6 +233,7 @@ impl Pool {
             .collect();
         Pool {
             registrations,
+            fed,
             options,
             events,
             timer,
@@ -385,11 +399,25 @@ impl Pool {
         slot.initialized = None;
         slot.init_latency = None;
         let key = self.key(r, s);
+        let queue = self.registrations[r].slots[s].queue.clone();
+        queue.attach_writer(key.generation);
+        let fed = self.fed.clone();
+        let outbox = Box::new(move || {
+            queue.next_for_writer(key.generation, &mut |entry| {
+                // The dispatcher outlives the writers; a failed send means teardown.
+                let _ = fed.send(Internal::Fed {
+                    registration: r,
+                    slot: key.slot,
+                    entry,
+                });
+            })
+        });
         match worker::start(
             &spec,
             key,
             &label,
             self.options.max_line_bytes,
+            outbox,
             &self.events,
         ) {
             Ok(running) => {
@@ -489,19 +517,14 @@ impl Pool {
         live.next_id += 1;
         live.pending.insert(id, pending);
         let line = jsonrpc::encode_request(&RequestId::Int(id), method, params);
-        // A closed writer means the worker is going away; its exit event fails the request.
-        if let Some(stdin) = &live.running.stdin {
-            let _ = stdin.send(line);
-        }
+        self.send_line(key, line);
     }
 
+    /// Queues a line for the worker's stdin. A closed stdin or a gone incarnation drops it: the
+    /// worker is going away, and its exit event fails whatever the line asked.
     pub(crate) fn send_line(&mut self, key: WorkerKey, line: Vec<u8>) {
-        if let Some(stdin) = self
-            .slot_mut(key)
-            .and_then(|slot| slot.live.as_ref())
-            .and_then(|live| live.running.stdin.as_ref())
-        {
-            let _ = stdin.send(line);
+        if let Some(slot) = self.slot_mut(key) {
+            slot.queue.send_line(key.generation, line);
         }
     }
 
@@ -592,8 +615,8 @@ impl Pool {
             Some(Pending::Initialize) => self.on_initialize_answer(key, response.outcome),
             Some(Pending::Shutdown) => {
                 // The harness released everything; closing stdin tells it to exit.
-                if let Some(live) = self.slot_mut(key).and_then(|slot| slot.live.as_mut()) {
-                    live.running.stdin = None;
+                if let Some(slot) = self.slot_mut(key) {
+                    slot.queue.close_stdin(key.generation);
                 }
             }
             Some(Pending::Session(request)) => self.happenings.push(Happening::Answered {
@@ -852,6 +875,8 @@ impl Pool {
         let Some(live) = slot.live.take() else {
             return;
         };
+        // Its writer returns (it may wait for lines that will never come).
+        slot.queue.close_stdin(key.generation);
         let failure = WorkerFailure {
             reason: live.failing.clone().unwrap_or(FailureReason::Exited),
             exit: Some(exit),

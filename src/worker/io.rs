@@ -9,7 +9,7 @@
 use super::{WorkerEvent, WorkerKey, WorkerLabel};
 use crate::protocol::framing::{Frame, LineReader, PREFIX_BYTES};
 use crate::protocol::jsonrpc::{self, Violation};
-use crossbeam_channel::{Receiver, Sender};
+use crossbeam_channel::Sender;
 use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::io::{self, BufWriter, Read, Write};
@@ -69,19 +69,17 @@ pub fn prefix_of(line: &[u8]) -> String {
     String::from_utf8_lossy(&line[..end]).into_owned()
 }
 
-/// The writer thread's body: writes each line with its newline, flushing whenever the queue is
-/// empty. Returns when the sender side is dropped (closing stdin) or the pipe breaks.
-pub fn write_stdin(stdin: impl Write, lines: Receiver<Vec<u8>>, label: WorkerLabel) {
+/// The writer thread's body: writes each batch of lines from `outbox`, each with its newline, and
+/// flushes after the batch. Returns (closing stdin) when the outbox says so or the pipe breaks.
+pub fn write_stdin(stdin: impl Write, mut outbox: super::Outbox, label: WorkerLabel) {
     let mut out = BufWriter::with_capacity(64 * 1024, stdin);
-    while let Ok(line) = lines.recv() {
-        let mut next = Some(line);
-        while let Some(mut line) = next.take() {
+    while let Some(lines) = outbox() {
+        for mut line in lines {
             line.push(b'\n');
             if let Err(error) = out.write_all(&line) {
                 finish_write(error, label);
                 return;
             }
-            next = lines.try_recv().ok();
         }
         if let Err(error) = out.flush() {
             finish_write(error, label);

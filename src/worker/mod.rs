@@ -1,9 +1,9 @@
 //! Harness worker processes: spawning, the per-pipe threads, and what they report.
 //!
 //! A worker is one process of a registration, in a numbered slot. [`start`] spawns it and four named
-//! threads: `brain-w:<reg>/<slot>-read` (stdout → decoded messages), `-write` (lines → stdin),
-//! `-stderr` (diagnostics → log and a bounded tail) and `-wait` (reaps the process and reports its
-//! exit). All of them report to the dispatcher through one channel of `(WorkerKey, WorkerEvent)`;
+//! threads: `brain-w:<reg>/<slot>-read` (stdout → decoded messages), `-write` (lines → stdin; it
+//! also feeds the slot's activations, see `crate::capacity`), `-stderr` (diagnostics → log and a
+//! bounded tail) and `-wait` (reaps the process and reports its exit). All of them report to the dispatcher through one channel of `(WorkerKey, WorkerEvent)`;
 //! none of them touches the dispatcher's state.
 
 pub mod io;
@@ -63,13 +63,16 @@ pub enum WorkerEvent {
 pub struct Running {
     /// Kills the process group.
     pub process: Arc<ProcessHandle>,
-    /// Lines to write to stdin; `None` once Brain closed stdin.
-    pub stdin: Option<Sender<Vec<u8>>>,
     /// The stderr tail, for error reports.
     pub stderr_tail: Arc<io::StderrTail>,
 }
 
-/// Spawns the process and its four threads. Events go to `events`, tagged with `key`.
+/// What the writer thread writes: each call blocks until there are lines (written in order, then
+/// flushed) or returns `None` when stdin is to be closed.
+pub type Outbox = Box<dyn FnMut() -> Option<Vec<Vec<u8>>> + Send>;
+
+/// Spawns the process and its four threads. Events go to `events`, tagged with `key`; the lines
+/// for stdin come from `outbox`.
 ///
 /// Guarantees: on `Ok`, exactly one `WorkerEvent::Exited` for `key` will follow eventually (the
 /// waiter reports it after reaping), and a `StdoutClosed` before or after it. On `Err` nothing is
@@ -79,12 +82,12 @@ pub fn start(
     key: WorkerKey,
     label: &WorkerLabel,
     max_line_bytes: usize,
+    outbox: Outbox,
     events: &Sender<(WorkerKey, WorkerEvent)>,
 ) -> std::io::Result<Running> {
     let spawned = process::spawn(spec)?;
     let process = spawned.handle.clone();
     let stderr_tail = Arc::new(io::StderrTail::default());
-    let (stdin, lines) = crossbeam_channel::unbounded::<Vec<u8>>();
     let (stderr_done, stderr_closed) = crossbeam_channel::bounded::<()>(1);
 
     let threads = [
@@ -100,7 +103,7 @@ pub fn start(
             "write",
             Box::new({
                 let (label, stdin) = (label.clone(), spawned.stdin);
-                move || io::write_stdin(stdin, lines, label)
+                move || io::write_stdin(stdin, outbox, label)
             }),
         ),
         (
@@ -137,7 +140,6 @@ pub fn start(
     }
     Ok(Running {
         process,
-        stdin: Some(stdin),
         stderr_tail,
     })
 }
