@@ -121,6 +121,54 @@ fn a_crashed_worker_is_respawned_and_healthy_again() {
     assert_eq!(proc_state(first_pid), None, "pid {first_pid} still exists");
 }
 
+/// This process's threads whose name starts with `prefix` (names are cut to 15 bytes by Linux).
+fn threads_named(prefix: &str) -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .expect("/proc/self/task")
+        .flatten()
+        .filter(|task| {
+            std::fs::read_to_string(task.path().join("comm"))
+                .is_ok_and(|comm| comm.trim_end().starts_with(prefix))
+        })
+        .count()
+}
+
+#[test]
+fn a_worker_costs_three_threads_and_a_respawn_leaves_none_behind() {
+    let dir = temp_dir("three-threads");
+    let marker = dir.join("crashed");
+    let marker_arg = marker.to_string_lossy().into_owned();
+    let brain = start(
+        vec![
+            fault(
+                "t",
+                &["--crash-after-ms", "300", "--crash-once", &marker_arg],
+            )
+            .workers(2),
+        ],
+        fast_options("three-threads"),
+    );
+    brain
+        .wait_for(WAIT, |s| {
+            (0..2).all(|slot| {
+                s.worker("t", slot)
+                    .is_some_and(|w| w.state == WorkerState::Healthy)
+            }) && (0..2).any(|slot| s.worker("t", slot).is_some_and(|w| w.restarts == 1))
+        })
+        .expect("both healthy, one of them respawned after its crash");
+    // Reader, writer (and feeder), stderr (and exit watcher): the crashed incarnation's threads
+    // end on their own, so wait for the count to settle rather than for a fixed time.
+    let deadline = Instant::now() + WAIT;
+    let counts = loop {
+        let counts = [threads_named("brain-w:t/0-"), threads_named("brain-w:t/1-")];
+        if counts == [3, 3] || Instant::now() > deadline {
+            break counts;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert_eq!(counts, [3, 3], "threads per worker slot");
+}
+
 #[test]
 fn a_slot_failing_past_the_budget_is_quarantined() {
     let mut options = fast_options("quarantine");

@@ -1,4 +1,5 @@
-//! The three I/O threads of a worker: stdout reader, stdin writer, stderr logger.
+//! The three threads of a worker: stdout reader, stdin writer (and feeder), stderr logger (and
+//! exit watcher).
 //!
 //! Each pipe has one thread that owns it. The reader decodes lines (parsing happens here, off the
 //! dispatcher) and forwards messages and violations to the dispatcher's channel, which counts
@@ -6,14 +7,21 @@
 //! little. The writer owns stdin and writes what the dispatcher sends it; dropping its sender
 //! closes the harness's stdin.
 
+use super::process::Exit;
 use super::{WorkerEvent, WorkerKey, WorkerLabel};
 use crate::protocol::framing::{Frame, LineReader, PREFIX_BYTES};
 use crate::protocol::jsonrpc::{self, Violation};
 use crossbeam_channel::Sender;
+use nix::errno::Errno;
+use nix::fcntl::{FcntlArg, OFlag, fcntl};
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::io::{self, BufWriter, Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::process::ChildStderr;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// How many bytes of a harness's stderr are kept for error reports.
 pub const STDERR_TAIL_BYTES: usize = 2048;
@@ -126,7 +134,104 @@ impl StderrTail {
 
 /// The stderr thread's body: logs each line tagged with the worker and keeps a bounded tail.
 /// Sends on `done` (if given) when stderr closes, so that exit reports can include the last lines.
-pub fn read_stderr(stderr: impl Read, label: WorkerLabel, tail: Arc<StderrTail>, done: Sender<()>) {
+/// How long Brain keeps reading the stderr of a process that exited: a descendant that escaped the
+/// process group may hold it open forever.
+const STDERR_DRAIN: Duration = Duration::from_millis(500);
+
+/// The stderr thread's body: logs each stderr line tagged with the worker and keeps the tail, and
+/// watches `pidfd` for the process's exit. When the process exits it calls `reap` (which kills the
+/// group and reaps the leader), reads what is left on stderr for at most [`STDERR_DRAIN`], and
+/// returns the exit. If stderr closes first, it waits for the exit in `reap`.
+pub fn watch_stderr_and_exit(
+    stderr: ChildStderr,
+    pidfd: OwnedFd,
+    label: WorkerLabel,
+    tail: Arc<StderrTail>,
+    reap: impl FnOnce() -> Exit,
+) -> Exit {
+    if let Err(error) = fcntl(&stderr, FcntlArg::F_SETFL(OFlag::O_NONBLOCK)) {
+        // Blocking reads still log everything; the exit is then noticed once stderr closes.
+        log::warn!("worker {label}: stderr stays blocking ({error})");
+    }
+    let mut watched = UntilExit {
+        stderr,
+        pidfd,
+        reap: Some(reap),
+        exit: None,
+        drain_until: None,
+    };
+    read_stderr(&mut watched, &label, &tail);
+    match (watched.exit, watched.reap) {
+        (Some(exit), _) => exit,
+        (None, Some(reap)) => reap(),
+        // `exit` is set whenever `reap` was taken.
+        (None, None) => unreachable_exit(),
+    }
+}
+
+fn unreachable_exit() -> Exit {
+    log::error!("the stderr watcher lost an exit");
+    Exit {
+        reason: super::process::ExitReason::Code(-1),
+        killed_by_brain: false,
+    }
+}
+
+/// Stderr as a blocking reader that also notices the process's exit: it reaps on the exit and then
+/// reports end of file once stderr is drained or [`STDERR_DRAIN`] has passed.
+struct UntilExit<F> {
+    stderr: ChildStderr,
+    pidfd: OwnedFd,
+    reap: Option<F>,
+    exit: Option<Exit>,
+    drain_until: Option<Instant>,
+}
+
+impl<F: FnOnce() -> Exit> Read for UntilExit<F> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            match self.stderr.read(buf) {
+                Ok(n) => return Ok(n),
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => {}
+                Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
+                Err(error) => return Err(error),
+            }
+            let timeout = match self.drain_until {
+                None => PollTimeout::NONE,
+                Some(until) => {
+                    let left = until.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Ok(0);
+                    }
+                    // Round up so that the deadline has passed when poll returns.
+                    PollTimeout::try_from(left.as_millis() + 1).unwrap_or(PollTimeout::MAX)
+                }
+            };
+            let exited = {
+                let mut fds = vec![PollFd::new(self.stderr.as_fd(), PollFlags::POLLIN)];
+                if self.reap.is_some() {
+                    fds.push(PollFd::new(self.pidfd.as_fd(), PollFlags::POLLIN));
+                }
+                loop {
+                    match poll(&mut fds, timeout) {
+                        Ok(_) => break,
+                        Err(Errno::EINTR) => continue,
+                        Err(error) => return Err(error.into()),
+                    }
+                }
+                fds.get(1)
+                    .and_then(PollFd::revents)
+                    .is_some_and(|events| !events.is_empty())
+            };
+            if exited && let Some(reap) = self.reap.take() {
+                self.exit = Some(reap());
+                self.drain_until = Some(Instant::now() + STDERR_DRAIN);
+            }
+        }
+    }
+}
+
+fn read_stderr(stderr: impl Read, label: &WorkerLabel, tail: &StderrTail) {
     let mut reader = LineReader::new(stderr, STDERR_LINE_BYTES);
     loop {
         match reader.next_frame() {
@@ -149,7 +254,6 @@ pub fn read_stderr(stderr: impl Read, label: WorkerLabel, tail: Arc<StderrTail>,
             }
         }
     }
-    let _ = done.send(());
 }
 
 #[cfg(test)]

@@ -1,9 +1,10 @@
 //! Harness worker processes: spawning, the per-pipe threads, and what they report.
 //!
-//! A worker is one process of a registration, in a numbered slot. [`start`] spawns it and four named
-//! threads: `brain-w:<reg>/<slot>-read` (stdout → decoded messages), `-write` (lines → stdin; it
-//! also feeds the slot's activations, see `crate::capacity`), `-stderr` (diagnostics → log and a
-//! bounded tail) and `-wait` (reaps the process and reports its exit). All of them report to the dispatcher through one channel of `(WorkerKey, WorkerEvent)`;
+//! A worker is one process of a registration, in a numbered slot. [`start`] spawns it and three
+//! named threads: `brain-w:<reg>/<slot>-read` (stdout → decoded messages), `-write` (lines →
+//! stdin; it also feeds the slot's activations, see `crate::capacity`) and `-stderr` (diagnostics
+//! → log and a bounded tail; it also watches the process through a pidfd, reaps it and reports its
+//! exit). All of them report to the dispatcher through one channel of `(WorkerKey, WorkerEvent)`;
 //! none of them touches the dispatcher's state.
 
 pub mod io;
@@ -15,7 +16,6 @@ use crossbeam_channel::Sender;
 use process::{Exit, ProcessHandle, SpawnSpec};
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 
 /// Names one incarnation of one worker slot. Events of an older generation are stale.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -71,7 +71,7 @@ pub struct Running {
 /// flushed) or returns `None` when stdin is to be closed.
 pub type Outbox = Box<dyn FnMut() -> Option<Vec<Vec<u8>>> + Send>;
 
-/// Spawns the process and its four threads. Events go to `events`, tagged with `key`; the lines
+/// Spawns the process and its three threads. Events go to `events`, tagged with `key`; the lines
 /// for stdin come from `outbox`.
 ///
 /// Guarantees: on `Ok`, exactly one `WorkerEvent::Exited` for `key` will follow eventually (the
@@ -88,7 +88,17 @@ pub fn start(
     let spawned = process::spawn(spec)?;
     let process = spawned.handle.clone();
     let stderr_tail = Arc::new(io::StderrTail::default());
-    let (stderr_done, stderr_closed) = crossbeam_channel::bounded::<()>(1);
+    let pidfd = match process::open_pidfd(&process) {
+        Ok(pidfd) => pidfd,
+        Err(error) => {
+            process.kill();
+            let _ = process::wait_and_reap(&process, spawned.child);
+            return Err(std::io::Error::new(
+                error.kind(),
+                format!("pidfd_open (Linux 5.3 or later) failed: {error}"),
+            ));
+        }
+    };
 
     let threads = [
         (
@@ -110,18 +120,11 @@ pub fn start(
             "stderr",
             Box::new({
                 let (label, tail, stderr) = (label.clone(), stderr_tail.clone(), spawned.stderr);
-                move || io::read_stderr(stderr, label, tail, stderr_done)
-            }),
-        ),
-        (
-            "wait",
-            Box::new({
                 let (events, process, child) = (events.clone(), process.clone(), spawned.child);
                 move || {
-                    let exit = process::wait_and_reap(&process, child);
-                    // The group is dead, so stderr closes promptly unless a descendant escaped
-                    // the group with it; do not wait long for the last lines in that case.
-                    let _ = stderr_closed.recv_timeout(Duration::from_millis(500));
+                    let exit = io::watch_stderr_and_exit(stderr, pidfd, label, tail, || {
+                        process::wait_and_reap(&process, child)
+                    });
                     let _ = events.send((key, WorkerEvent::Exited(exit)));
                 }
             }),

@@ -1,10 +1,10 @@
 //! One harness process: spawned in its own process group, killed as a group, reaped exactly once.
 //!
-//! The waiter thread owns the [`Child`]. It waits with `waitid(WNOWAIT)`, so the exited leader stays a
-//! zombie — its pid, and therefore its process group id, cannot be reused — while the group is
-//! killed (taking any grandchildren with it). Only then does it reap. A kill from another thread
-//! takes the same lock and does nothing once the leader is reaped, so Brain never signals a pid that
-//! may belong to someone else.
+//! The worker's stderr thread owns the [`Child`]. It waits with `waitid(WNOWAIT)`, so the exited
+//! leader stays a zombie — its pid, and therefore its process group id, cannot be reused — while
+//! the group is killed (taking any grandchildren with it). Only then does it reap. A kill from
+//! another thread takes the same lock and does nothing once the leader is reaped, so Brain never
+//! signals a pid that may belong to someone else.
 
 use nix::sys::signal::{Signal, killpg};
 use nix::sys::wait::{Id, WaitPidFlag, waitid};
@@ -12,6 +12,7 @@ use nix::unistd::Pid;
 use parking_lot::Mutex;
 use std::fmt;
 use std::io;
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
 use std::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command, ExitStatus, Stdio};
@@ -183,7 +184,7 @@ impl fmt::Display for Exit {
 
 /// Blocks until the leader exits, kills the rest of its group, reaps the leader and reports.
 ///
-/// Runs on the worker's waiter thread. After it returns, no process of the group is left running
+/// Runs on the worker's stderr thread. After it returns, no process of the group is left running
 /// (a grandchild that moved to another process group is beyond reach, and is logged nowhere).
 pub fn wait_and_reap(handle: &ProcessHandle, mut child: Child) -> Exit {
     let Ok(raw) = i32::try_from(handle.pid) else {
@@ -203,6 +204,25 @@ pub fn wait_and_reap(handle: &ProcessHandle, mut child: Child) -> Exit {
         }
     }
     reap(handle, &mut child)
+}
+
+/// A pidfd of the harness process (Linux 5.3 or later), which polls readable once it has
+/// exited: it lets one thread wait for the exit and for stderr together. The process must not have
+/// been reaped, so the pid cannot name anyone else.
+pub fn open_pidfd(handle: &ProcessHandle) -> io::Result<OwnedFd> {
+    let pid = libc::pid_t::try_from(handle.pid)
+        .map_err(|_| io::Error::other(format!("pid {} out of range", handle.pid)))?;
+    // SAFETY: pidfd_open takes two integers and returns a new descriptor or -1; no memory is
+    // shared with the kernel. The caller holds the unreaped `Child`, so the pid is its child.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let fd =
+        RawFd::try_from(fd).map_err(|_| io::Error::other("pidfd_open: descriptor out of range"))?;
+    // SAFETY: the descriptor was just created by pidfd_open and nothing else refers to it, so
+    // this OwnedFd is its only owner and closes it exactly once.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 fn reap(handle: &ProcessHandle, child: &mut Child) -> Exit {
