@@ -147,7 +147,7 @@ struct Pieces<'a> {
 
 impl Read for Pieces<'_> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let roll = self.rng.next();
+        let roll = self.rng.next_u64();
         if roll.is_multiple_of(7) {
             return Err(io::ErrorKind::Interrupted.into());
         }
@@ -161,15 +161,26 @@ impl Read for Pieces<'_> {
     }
 }
 
-/// xorshift64*: a small deterministic generator.
-struct Rng(u64);
+/// xorshift64*: a small deterministic generator (also the short form's mutator's). The seed must
+/// not be zero, or every number is zero.
+pub struct Rng(pub u64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
+    /// The next number.
+    pub fn next_u64(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
         self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// A number below `n` (0 when `n` is 0).
+    pub fn below(&mut self, n: usize) -> usize {
+        if n == 0 {
+            0
+        } else {
+            (self.next_u64() % n as u64) as usize
+        }
     }
 }
 

@@ -11,7 +11,7 @@
 //! `seed-*`) from the real sources: the JSON examples of docs/PROTOCOL.md, examples/agentloops.json,
 //! segments written by the real disk journal, and HTTP requests like the ones the tests send.
 
-use brain::fuzzing;
+use brain::fuzzing::{self, Rng};
 use brain::journal::{DiskJournal, DiskJournalOptions, Journal, NewRecord};
 use brain::protocol::harness::{EventOrigin, OriginKind, RecordKind};
 use brain::session::SessionId;
@@ -78,26 +78,6 @@ fn replay(target: &str) {
     }
 }
 
-/// xorshift64*.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        if n == 0 {
-            0
-        } else {
-            (self.next() % n as u64) as usize
-        }
-    }
-}
-
 /// Tokens the decoders care about.
 const DICTIONARY: &[&[u8]] = &[
     b"\n",
@@ -152,7 +132,9 @@ fn mutate(rng: &mut Rng, seeds: &[Vec<u8>]) -> Vec<u8> {
                 .wrapping_add(u8::from(rng.below(4) == 0));
             }
             2 => {
-                let bytes: Vec<u8> = (0..1 + rng.below(8)).map(|_| rng.next() as u8).collect();
+                let bytes: Vec<u8> = (0..1 + rng.below(8))
+                    .map(|_| rng.next_u64() as u8)
+                    .collect();
                 data.splice(at..at, bytes);
             }
             3 if !data.is_empty() => {
@@ -180,7 +162,7 @@ fn mutate(rng: &mut Rng, seeds: &[Vec<u8>]) -> Vec<u8> {
                 let at = rng.below(data.len());
                 data[at] = data[at].wrapping_add(1 + rng.below(3) as u8);
             }
-            _ => data.push(rng.next() as u8),
+            _ => data.push(rng.next_u64() as u8),
         }
     }
     data.truncate(MAX_LEN);

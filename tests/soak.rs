@@ -223,23 +223,13 @@ fn serve_stand_in(
 /// (their registration's `cwd`) and tools (the sessions' state directories).
 fn processes_in(dir: &Path) -> Vec<u32> {
     let me = std::process::id();
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if pid == me || not_running(pid) {
-            continue;
-        }
-        if std::fs::read_link(format!("/proc/{pid}/cwd")).is_ok_and(|cwd| cwd.starts_with(dir)) {
-            found.push(pid);
-        }
-    }
-    found
+    all_pids()
+        .into_iter()
+        .filter(|&pid| pid != me && !not_running(pid))
+        .filter(|pid| {
+            std::fs::read_link(format!("/proc/{pid}/cwd")).is_ok_and(|cwd| cwd.starts_with(dir))
+        })
+        .collect()
 }
 
 fn fd_count(pid: u32) -> usize {

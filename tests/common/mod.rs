@@ -72,6 +72,15 @@ pub fn not_running(pid: u32) -> bool {
     matches!(proc_state(pid), None | Some('Z') | Some('X'))
 }
 
+/// Every pid in /proc now.
+pub fn all_pids() -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .expect("/proc")
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .collect()
+}
+
 /// The parent pid of a process, from /proc.
 pub fn parent_of(pid: u32) -> Option<u32> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;

@@ -4,7 +4,7 @@
 //! workers when the test ends, pass or fail. Shared by tests/serve_e2e.rs and tests/soak.rs.
 
 use super::http::{Reply, read_reply};
-use super::{BRAIN, WAIT, not_running, parent_of};
+use super::{BRAIN, WAIT, all_pids, not_running, parent_of};
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -157,20 +157,10 @@ pub fn signal(pid: u32, signal: Signal) {
 
 /// The pids whose parent is `parent`, from /proc (this kernel has no `/proc/*/task/*/children`).
 pub fn children_of(parent: u32) -> Vec<u32> {
-    let mut children = Vec::new();
-    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if parent_of(pid) == Some(parent) {
-            children.push(pid);
-        }
-    }
-    children
+    all_pids()
+        .into_iter()
+        .filter(|&pid| parent_of(pid) == Some(parent))
+        .collect()
 }
 
 /// Whether `pid` is a live (not zombie) harness process of this repository.
