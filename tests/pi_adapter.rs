@@ -527,16 +527,17 @@ fn a_session_created_with_a_transcript_continues_from_it() {
     );
 }
 
-#[test]
-fn brain_run_completes_with_the_example_registration() {
-    let data = temp_dir("pi-run").join("data");
+/// `brain run --agentloops examples/pi.json --agentloop pi MESSAGE`, with `extra` arguments.
+fn brain_run_pi(tag: &str, extra: &[String]) {
+    let data = temp_dir(tag).join("data");
     let output = run_bounded(
         std::process::Command::new(BRAIN)
             .current_dir(ROOT)
             .args(["run", "--data-dir"])
             .arg(&data)
             .args(["--agentloops", "examples/pi.json", "--agentloop", "pi"])
-            .args(["--model", &model(None).to_string(), "hello from brain run"]),
+            .args(extra)
+            .arg("hello from brain run"),
     );
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "brain run failed: {stderr}");
@@ -544,4 +545,15 @@ fn brain_run_completes_with_the_example_registration() {
         String::from_utf8_lossy(&output.stdout),
         "hello from brain run\n"
     );
+}
+
+#[test]
+fn brain_run_completes_with_the_example_registration() {
+    // Exactly the command of issue 9's "done when": brain run's default model states metadata.
+    brain_run_pi("pi-run", &[]);
+}
+
+#[test]
+fn brain_run_completes_with_a_whole_model_object() {
+    brain_run_pi("pi-run-model", &["--model".into(), model(None).to_string()]);
 }

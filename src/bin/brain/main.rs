@@ -36,8 +36,10 @@ brain run [options] [--agentloop NAME] [--session ID] [--script FILE] [--json] M
   --agentloop NAME           the registration to run (default: the only one, else reference)
   --session ID               continue this session instead of creating one
   --script FILE              a JSON list of model results for the scripted provider
-  --model PROVIDER:NAME      the session's model (default scripted:default); openai and
-                             anthropic need OPENAI_API_KEY / ANTHROPIC_API_KEY in Brain's env
+  --model PROVIDER:NAME      the session's model; openai and anthropic need OPENAI_API_KEY /
+                             ANTHROPIC_API_KEY in Brain's env. Default: scripted:default with a
+                             200000-token context window and 8192 output tokens, so that a
+                             harness requiring that metadata (Pi) runs without --model
   --model JSON               the whole model object, e.g. with context_window and
                              max_output_tokens for a harness that requires them
   --json                     print one JSON object: session_id, sequence, outcome, result|error
@@ -590,10 +592,14 @@ fn turn(
     let session = match session {
         Some(id) => brain.session(id),
         None => {
-            let mut body = serde_json::json!({"agentloop": {"name": agentloop}});
-            if let Some(model) = model {
-                body["model"] = model;
-            }
+            let model = model.unwrap_or_else(|| {
+                // The scripted provider has no limits; stating some lets `brain run` drive a
+                // harness that requires model metadata (Pi) without a --model. Sessions created
+                // through the API or the library get no metadata unless they ask for it.
+                serde_json::json!({"provider": "scripted", "name": "default",
+                                   "context_window": 200_000, "max_output_tokens": 8_192})
+            });
+            let body = serde_json::json!({"agentloop": {"name": agentloop}, "model": model});
             let request = CreateSession::parse(body.to_string().as_bytes())
                 .map_err(|error| brain::ApiError::new(error.code, error.message))?;
             brain.create_session(request)?
