@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::http::{Reply, read_reply};
+use common::http::{Reply, Sse, read_reply};
 
 use brain::http::{HttpOptions, HttpServer};
 use brain::{Brain, Registration};
@@ -616,16 +616,8 @@ fn a_new_session_can_continue_a_closed_one_with_from() {
         .expect(404, Some("unknown_session"));
 }
 
-/// One server-sent event.
-#[derive(Debug)]
-struct SseEvent {
-    id: u64,
-    event: String,
-    data: Value,
-}
-
 /// Opens an SSE stream and checks its head.
-fn open_stream(server: &Server, id: &str, headers: &[(&str, &str)]) -> BufReader<TcpStream> {
+fn open_stream(server: &Server, id: &str, headers: &[(&str, &str)]) -> Sse {
     let stream = connect(server.addr);
     let auth = bearer();
     let mut all = vec![
@@ -658,51 +650,7 @@ fn open_stream(server: &Server, id: &str, headers: &[(&str, &str)]) -> BufReader
         }
     }
     assert_eq!(content_type.as_deref(), Some("text/event-stream"));
-    reader
-}
-
-/// Reads the next event (skipping comments); the read timeout bounds the wait.
-fn next_event(reader: &mut BufReader<TcpStream>) -> SseEvent {
-    let (mut id, mut event, mut data) = (None, String::new(), String::new());
-    loop {
-        let mut line = String::new();
-        let read = reader.read_line(&mut line).expect("an SSE line in time");
-        assert!(read > 0, "the stream ended");
-        let line = line.trim_end_matches('\n');
-        if line.is_empty() {
-            if let Some(id) = id {
-                return SseEvent {
-                    id,
-                    event,
-                    data: serde_json::from_str(&data).expect("JSON data"),
-                };
-            }
-            continue;
-        }
-        if line.starts_with(':') {
-            continue;
-        }
-        let (field, value) = line.split_once(": ").expect("a field");
-        match field {
-            "id" => id = Some(value.parse().expect("a numeric id")),
-            "event" => event = value.to_owned(),
-            "data" => data.push_str(value),
-            other => panic!("unexpected field {other}"),
-        }
-    }
-}
-
-/// Reads events until one of `kind`; returns all of them.
-fn events_until(reader: &mut BufReader<TcpStream>, kind: &str) -> Vec<SseEvent> {
-    let mut seen = Vec::new();
-    loop {
-        let event = next_event(reader);
-        let done = event.event == kind;
-        seen.push(event);
-        if done {
-            return seen;
-        }
-    }
+    Sse(reader)
 }
 
 #[test]
@@ -712,7 +660,7 @@ fn sse_catches_up_follows_live_and_resumes_from_last_event_id() {
     server.message(&id, "first", &[]).expect(200, None);
 
     let mut stream = open_stream(&server, &id, &[]);
-    let caught_up = events_until(&mut stream, "activation_finished");
+    let caught_up = stream.until(|e| e.event == "activation_finished");
     let ids: Vec<u64> = caught_up.iter().map(|e| e.id).collect();
     assert_eq!(ids, (1..=ids.len() as u64).collect::<Vec<_>>());
     assert_eq!(caught_up[0].event, "session_created");
@@ -724,7 +672,7 @@ fn sse_catches_up_follows_live_and_resumes_from_last_event_id() {
 
     // Live: a second turn's records arrive on the open stream.
     server.message(&id, "second", &[]).expect(200, None);
-    let live = events_until(&mut stream, "activation_finished");
+    let live = stream.until(|e| e.event == "activation_finished");
     assert_eq!(live[0].id, last + 1);
     assert_eq!(live[0].event, "activation_queued");
     assert!(live[0].data.to_string().contains("second"));
@@ -733,7 +681,7 @@ fn sse_catches_up_follows_live_and_resumes_from_last_event_id() {
 
     // Resume: Last-Event-ID wins over the query and starts after it.
     let mut resumed = open_stream(&server, &id, &[("last-event-id", &last.to_string())]);
-    let replayed = events_until(&mut resumed, "activation_finished");
+    let replayed = resumed.until(|e| e.event == "activation_finished");
     assert_eq!(replayed[0].id, last + 1);
     assert_eq!(replayed.last().unwrap().id, end);
     let mut from_query = {
@@ -757,9 +705,9 @@ fn sse_catches_up_follows_live_and_resumes_from_last_event_id() {
             line.clear();
             reader.read_line(&mut line).unwrap();
         }
-        reader
+        Sse(reader)
     };
-    assert_eq!(next_event(&mut from_query).id, end);
+    assert_eq!(from_query.next().id, end);
 
     // An unknown session is refused with its status, not streamed; a bad Last-Event-ID is 400.
     let unknown = server.call_with(
@@ -782,7 +730,7 @@ fn sse_catches_up_follows_live_and_resumes_from_last_event_id() {
     let mut server = server;
     server.http.take().unwrap().stop();
     let mut rest = Vec::new();
-    let ended = resumed.read_to_end(&mut rest);
+    let ended = resumed.0.read_to_end(&mut rest);
     assert!(ended.is_ok(), "the stream ends cleanly: {ended:?}");
 }
 
@@ -1042,6 +990,7 @@ fn a_slow_sse_reader_is_dropped_and_never_holds_up_the_session() {
     loop {
         let mut line = String::new();
         let read = slow
+            .0
             .read_line(&mut line)
             .expect("the dropped stream ends, rather than staying open");
         if read == 0 {
@@ -1057,5 +1006,5 @@ fn a_slow_sse_reader_is_dropped_and_never_holds_up_the_session() {
     );
     // Its place is free again, and a new stream resumes where it left off.
     let mut again = open_stream(&server, &id, &[("last-event-id", &last_id.to_string())]);
-    assert_eq!(next_event(&mut again).id, last_id + 1);
+    assert_eq!(again.next().id, last_id + 1);
 }

@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::http::{Reply, read_reply};
+use common::http::{Reply, Sse, SseEvent, read_reply};
 use common::server::*;
 
 use common::*;
@@ -17,7 +17,6 @@ use nix::sys::signal::Signal;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
-use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::Command;
 use std::thread::JoinHandle;
@@ -169,65 +168,6 @@ impl Served {
             reply.headers
         );
         String::from_utf8(reply.body).expect("UTF-8 metrics")
-    }
-}
-
-/// One HTTP response.
-/// One server-sent event.
-#[derive(Debug, Clone)]
-struct SseEvent {
-    id: u64,
-    event: String,
-    data: Value,
-}
-
-/// An open SSE stream.
-struct Sse(BufReader<TcpStream>);
-
-impl Sse {
-    /// The next event (comments skipped); the read timeout bounds the wait.
-    fn next(&mut self) -> SseEvent {
-        let (mut id, mut event, mut data) = (None, String::new(), String::new());
-        loop {
-            let mut line = String::new();
-            let read = self.0.read_line(&mut line).expect("an SSE line in time");
-            assert!(read > 0, "the stream ended");
-            let line = line.trim_end_matches('\n').trim_end_matches('\r');
-            if line.is_empty() {
-                if let Some(id) = id {
-                    return SseEvent {
-                        id,
-                        event,
-                        data: serde_json::from_str(&data).expect("JSON data"),
-                    };
-                }
-                continue;
-            }
-            if line.starts_with(':') {
-                continue;
-            }
-            let (field, value) = line.split_once(':').expect("a field");
-            let value = value.strip_prefix(' ').unwrap_or(value);
-            match field {
-                "id" => id = Some(value.parse().expect("a numeric id")),
-                "event" => event = value.to_owned(),
-                "data" => data.push_str(value),
-                other => panic!("unexpected SSE field {other}"),
-            }
-        }
-    }
-
-    /// Events up to and including the first that `done` accepts.
-    fn until(&mut self, done: impl Fn(&SseEvent) -> bool) -> Vec<SseEvent> {
-        let mut seen = Vec::new();
-        loop {
-            let event = self.next();
-            let stop = done(&event);
-            seen.push(event);
-            if stop {
-                return seen;
-            }
-        }
     }
 }
 

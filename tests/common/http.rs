@@ -1,5 +1,6 @@
 //! A minimal HTTP/1.1 client side for the tests that talk to Brain's HTTP API: one response type
-//! and one reader, shared by tests/http.rs, tests/serve_e2e.rs and tests/security.rs.
+//! and one reader, and a server-sent events reader, shared by tests/http.rs, tests/serve_e2e.rs
+//! and tests/security.rs.
 
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Read};
@@ -107,5 +108,63 @@ pub fn read_reply(reader: &mut BufReader<TcpStream>) -> std::io::Result<Reply> {
             headers,
             body,
         });
+    }
+}
+
+/// One server-sent event.
+#[derive(Debug, Clone)]
+pub struct SseEvent {
+    pub id: u64,
+    pub event: String,
+    pub data: Value,
+}
+
+/// An open SSE stream whose response head was read.
+pub struct Sse(pub BufReader<TcpStream>);
+
+impl Sse {
+    /// The next event (comments skipped); the read timeout bounds the wait.
+    pub fn next(&mut self) -> SseEvent {
+        let (mut id, mut event, mut data) = (None, String::new(), String::new());
+        loop {
+            let mut line = String::new();
+            let read = self.0.read_line(&mut line).expect("an SSE line in time");
+            assert!(read > 0, "the stream ended");
+            let line = line.trim_end_matches('\n').trim_end_matches('\r');
+            if line.is_empty() {
+                if let Some(id) = id {
+                    return SseEvent {
+                        id,
+                        event,
+                        data: serde_json::from_str(&data).expect("JSON data"),
+                    };
+                }
+                continue;
+            }
+            if line.starts_with(':') {
+                continue;
+            }
+            let (field, value) = line.split_once(':').expect("a field");
+            let value = value.strip_prefix(' ').unwrap_or(value);
+            match field {
+                "id" => id = Some(value.parse().expect("a numeric id")),
+                "event" => event = value.to_owned(),
+                "data" => data.push_str(value),
+                other => panic!("unexpected SSE field {other}"),
+            }
+        }
+    }
+
+    /// Events up to and including the first that `done` accepts.
+    pub fn until(&mut self, done: impl Fn(&SseEvent) -> bool) -> Vec<SseEvent> {
+        let mut seen = Vec::new();
+        loop {
+            let event = self.next();
+            let stop = done(&event);
+            seen.push(event);
+            if stop {
+                return seen;
+            }
+        }
     }
 }
