@@ -523,7 +523,7 @@ impl Pool {
     /// Queues a line for the worker's stdin. A closed stdin or a gone incarnation drops it: the
     /// worker is going away, and its exit event fails whatever the line asked.
     pub(crate) fn send_line(&mut self, key: WorkerKey, line: Vec<u8>) {
-        if let Some(slot) = self.slot_mut(key) {
+        if let Some(slot) = self.slot_mut(key).filter(|slot| slot.live.is_some()) {
             slot.queue.send_line(key.generation, line);
         }
     }
