@@ -633,24 +633,7 @@ fn open_stream(server: &Server, id: &str, headers: &[(&str, &str)]) -> Sse {
             b"",
         ))
         .expect("send");
-    let mut reader = BufReader::new(stream);
-    let mut status = String::new();
-    reader.read_line(&mut status).expect("a status line");
-    assert!(status.starts_with("HTTP/1.1 200 "), "{status}");
-    let mut content_type = None;
-    loop {
-        let mut line = String::new();
-        reader.read_line(&mut line).expect("a header");
-        let line = line.trim_end();
-        if line.is_empty() {
-            break;
-        }
-        if let Some(value) = line.strip_prefix("content-type: ") {
-            content_type = Some(value.to_owned());
-        }
-    }
-    assert_eq!(content_type.as_deref(), Some("text/event-stream"));
-    Sse(reader)
+    Sse::open(stream)
 }
 
 #[test]
@@ -699,13 +682,7 @@ fn sse_catches_up_follows_live_and_resumes_from_last_event_id() {
                 b"",
             ))
             .unwrap();
-        let mut reader = BufReader::new(stream);
-        let mut line = String::new();
-        while line != "\r\n" {
-            line.clear();
-            reader.read_line(&mut line).unwrap();
-        }
-        Sse(reader)
+        Sse::open(stream)
     };
     assert_eq!(from_query.next().id, end);
 

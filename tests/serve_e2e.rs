@@ -16,7 +16,7 @@ use common::*;
 use nix::sys::signal::Signal;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufReader, Write};
 use std::path::PathBuf;
 use std::process::Command;
 use std::thread::JoinHandle;
@@ -115,26 +115,7 @@ impl Served {
             None,
         );
         (&stream).write_all(&raw).expect("send");
-        let mut reader = BufReader::new(stream);
-        let mut status = String::new();
-        reader.read_line(&mut status).expect("a status line");
-        assert!(status.starts_with("HTTP/1.1 200 "), "{status}");
-        let mut content_type = None;
-        loop {
-            let mut line = String::new();
-            reader.read_line(&mut line).expect("a header");
-            let line = line.trim_end();
-            if line.is_empty() {
-                break;
-            }
-            if let Some((name, value)) = line.split_once(':')
-                && name.eq_ignore_ascii_case("content-type")
-            {
-                content_type = Some(value.trim().to_owned());
-            }
-        }
-        assert_eq!(content_type.as_deref(), Some("text/event-stream"));
-        Sse(reader)
+        Sse::open(stream)
     }
 
     /// Waits (through an SSE stream) until the session's run announces that it executes; the

@@ -123,6 +123,31 @@ pub struct SseEvent {
 pub struct Sse(pub BufReader<TcpStream>);
 
 impl Sse {
+    /// Reads the response head from `stream` (a request for an event stream was sent on it):
+    /// asserts status 200 and `Content-Type: text/event-stream`.
+    pub fn open(stream: TcpStream) -> Sse {
+        let mut reader = BufReader::new(stream);
+        let mut status = String::new();
+        reader.read_line(&mut status).expect("a status line");
+        assert!(status.starts_with("HTTP/1.1 200 "), "{status}");
+        let mut content_type = None;
+        loop {
+            let mut line = String::new();
+            reader.read_line(&mut line).expect("a header");
+            let line = line.trim_end();
+            if line.is_empty() {
+                break;
+            }
+            if let Some((name, value)) = line.split_once(':')
+                && name.eq_ignore_ascii_case("content-type")
+            {
+                content_type = Some(value.trim().to_owned());
+            }
+        }
+        assert_eq!(content_type.as_deref(), Some("text/event-stream"));
+        Sse(reader)
+    }
+
     /// The next event (comments skipped); the read timeout bounds the wait.
     pub fn next(&mut self) -> SseEvent {
         let (mut id, mut event, mut data) = (None, String::new(), String::new());
