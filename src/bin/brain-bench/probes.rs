@@ -145,6 +145,19 @@ fn settle() {
     std::thread::sleep(Duration::from_millis(300));
 }
 
+/// The Brain the memory and startup probes measure: the durable journal in `dir`, two bench
+/// workers.
+fn probe_brain(setup: &Setup, dir: &Path) -> Result<Brain, String> {
+    arms::start_brain(
+        setup,
+        Harness::Bench,
+        2,
+        Storage::DataDir,
+        dir,
+        Effects::default(),
+    )
+}
+
 /// `__memory DIR COUNT`: in a Brain with the durable journal in DIR (two bench workers), the
 /// private memory after a warm-up (M0), after COUNT sessions were created and ran one activation
 /// each (M1, idle and open), and after they were all passivated (M2). Leaves the sessions in DIR
@@ -157,14 +170,7 @@ pub fn memory_main(args: &[String]) -> Result<(), String> {
         .ok_or("usage: __memory DIR COUNT")?;
     let threads = 16;
     let setup = setup_from_env()?;
-    let brain = arms::start_brain(
-        &setup,
-        Harness::Bench,
-        2,
-        Storage::DataDir,
-        dir,
-        Effects::default(),
-    )?;
+    let brain = probe_brain(&setup, dir)?;
     // The same work on a few sessions first, so that the allocator's arenas, the threads' stacks
     // and the journal's buffers exist before the baseline.
     // They are deleted afterwards, so the directory holds exactly COUNT sessions.
@@ -215,14 +221,7 @@ pub fn startup_main(args: &[String]) -> Result<(), String> {
     let dir = Path::new(args.first().ok_or("usage: __startup DIR")?);
     let setup = setup_from_env()?;
     let began = Instant::now();
-    let brain = arms::start_brain(
-        &setup,
-        Harness::Bench,
-        2,
-        Storage::DataDir,
-        dir,
-        Effects::default(),
-    )?;
+    let brain = probe_brain(&setup, dir)?;
     let start_ms = began.elapsed().as_secs_f64() * 1000.0;
     println!("ready");
     let init_ms: Vec<f64> = brain
