@@ -4,14 +4,14 @@
 
 mod common;
 
-use common::http::{Reply, Sse, read_reply};
+use common::http::{Reply, Sse, connect, encode, read_reply};
 
 use brain::http::{HttpOptions, HttpServer};
 use brain::{Brain, Registration};
 use common::*;
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -47,25 +47,6 @@ fn serve(registrations: Vec<Registration>, tag: &str, options: HttpOptions) -> S
         http: Some(http),
         addr,
     }
-}
-
-fn connect(addr: SocketAddr) -> TcpStream {
-    let stream = TcpStream::connect(addr).expect("connect");
-    stream.set_read_timeout(Some(WAIT)).expect("read timeout");
-    stream.set_write_timeout(Some(WAIT)).expect("write timeout");
-    stream
-}
-
-/// Encodes a request; `headers` come after Host and before Content-Length.
-fn encode(method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Vec<u8> {
-    let mut out = format!("{method} {path} HTTP/1.1\r\nhost: test\r\n");
-    for (name, value) in headers {
-        out.push_str(&format!("{name}: {value}\r\n"));
-    }
-    out.push_str(&format!("content-length: {}\r\n\r\n", body.len()));
-    let mut out = out.into_bytes();
-    out.extend_from_slice(body);
-    out
 }
 
 /// Sends raw bytes on a fresh connection and reads one response.

@@ -361,11 +361,7 @@ fn the_adapter_killed_mid_run_leaves_the_session_interrupted() {
     let outcome = wait(&activation);
     assert_eq!(outcome.outcome, OutcomeKind::Failed, "{outcome:?}");
     assert_eq!(outcome.error.as_ref().unwrap().code.as_str(), "worker_lost");
-    let info = session.info().unwrap();
-    assert_eq!(info.status, SessionStatus::Interrupted);
-    assert_eq!(info.marker, Some(activation.sequence()));
-    let refused = session.send(text("again")).unwrap_err();
-    assert_eq!(refused.code.as_str(), "session_interrupted");
+    assert_interrupted(&session, activation.sequence());
 }
 
 #[test]

@@ -92,13 +92,7 @@ fn a_crash_mid_activation_interrupts_the_session_and_finishes_its_effects_unknow
     assert_eq!(tail[1].1["outcome"], "failed");
     assert_eq!(tail[1].1["code"], "interrupted");
     // The marker stays: the session refuses execution, also after this restart.
-    let info = running.info().unwrap();
-    assert_eq!(info.status, SessionStatus::Interrupted);
-    assert_eq!(info.marker, Some(queued_at));
-    assert_eq!(
-        running.send(text("again")).unwrap_err().code.as_str(),
-        "session_interrupted"
-    );
+    assert_interrupted(&running, queued_at);
     // The queued one was cancelled without a marker and goes on.
     let queued = second.session(queued.id());
     let last = queued.events(0, 100).unwrap().pop().unwrap();

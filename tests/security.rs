@@ -16,7 +16,7 @@
 
 mod common;
 
-use common::http::{Reply, read_reply};
+use common::http::{Reply, encode, read_reply};
 
 use brain::session::{CreateSession, SessionId};
 use brain::{Activation, Brain, OutcomeKind, Registration, Registrations, Session};
@@ -946,22 +946,7 @@ impl Drop for Served {
 }
 
 fn connect(address: &str) -> TcpStream {
-    let address: std::net::SocketAddr = address.parse().expect("an address");
-    let stream = TcpStream::connect_timeout(&address, WAIT).expect("connect");
-    stream.set_read_timeout(Some(WAIT)).expect("read timeout");
-    stream.set_write_timeout(Some(WAIT)).expect("write timeout");
-    stream
-}
-
-fn encode(method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Vec<u8> {
-    let mut out = format!("{method} {path} HTTP/1.1\r\nhost: test\r\n");
-    for (name, value) in headers {
-        out.push_str(&format!("{name}: {value}\r\n"));
-    }
-    out.push_str(&format!("content-length: {}\r\n\r\n", body.len()));
-    let mut out = out.into_bytes();
-    out.extend_from_slice(body);
-    out
+    common::http::connect(address.parse().expect("an address"))
 }
 
 /// Sends raw bytes on a fresh connection and reads one response.

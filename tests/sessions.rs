@@ -167,11 +167,7 @@ fn a_cooperative_cancel_interrupts_the_session() {
     let outcome = wait(&activation);
     assert_eq!(outcome.outcome, OutcomeKind::Cancelled);
     assert_eq!(error_code(&outcome), "cancelled");
-    let info = session.info().unwrap();
-    assert_eq!(info.status, SessionStatus::Interrupted);
-    assert_eq!(info.marker, Some(activation.sequence()));
-    let refused = session.send(text("again")).unwrap_err();
-    assert_eq!(refused.code.as_str(), "session_interrupted");
+    assert_interrupted(&session, activation.sequence());
 }
 
 #[test]

@@ -4,7 +4,7 @@
 
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Read};
-use std::net::TcpStream;
+use std::net::{SocketAddr, TcpStream};
 
 #[derive(Debug)]
 pub struct Reply {
@@ -192,4 +192,28 @@ impl Sse {
             }
         }
     }
+}
+
+/// A connection with read and write timeouts of `WAIT`.
+pub fn connect(address: SocketAddr) -> TcpStream {
+    let stream = TcpStream::connect_timeout(&address, super::WAIT).expect("connect");
+    stream
+        .set_read_timeout(Some(super::WAIT))
+        .expect("read timeout");
+    stream
+        .set_write_timeout(Some(super::WAIT))
+        .expect("write timeout");
+    stream
+}
+
+/// Encodes a request; `headers` come after Host and before Content-Length.
+pub fn encode(method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Vec<u8> {
+    let mut out = format!("{method} {path} HTTP/1.1\r\nhost: test\r\n");
+    for (name, value) in headers {
+        out.push_str(&format!("{name}: {value}\r\n"));
+    }
+    out.push_str(&format!("content-length: {}\r\n\r\n", body.len()));
+    let mut out = out.into_bytes();
+    out.extend_from_slice(body);
+    out
 }

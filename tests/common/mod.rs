@@ -21,6 +21,22 @@ pub const BRAIN: &str = env!("CARGO_BIN_EXE_brain");
 /// How long any single wait in a test may take before the test fails.
 pub const WAIT: Duration = Duration::from_secs(20);
 
+/// Asserts that `session` is interrupted, its marker at `marker`, and that it refuses a new
+/// message with `session_interrupted`.
+pub fn assert_interrupted(session: &brain::Session, marker: u64) {
+    use brain::protocol::harness::{Block, UserInput};
+    let info = session.info().expect("the session's info");
+    assert_eq!(info.status, brain::SessionStatus::Interrupted, "{info:?}");
+    assert_eq!(info.marker, Some(marker));
+    let message = UserInput {
+        content: vec![Block::text("again")],
+    };
+    let refused = session
+        .send(message)
+        .expect_err("an interrupted session refuses");
+    assert_eq!(refused.code.as_str(), "session_interrupted");
+}
+
 /// A registration running the fault harness with `args`.
 pub fn fault(name: &str, args: &[&str]) -> Registration {
     Registration::new(name, FAULT_HARNESS).args(args.iter().copied())

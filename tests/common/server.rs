@@ -232,10 +232,7 @@ impl Served {
     // ----- HTTP -----
 
     pub fn connect(&self) -> TcpStream {
-        let stream = TcpStream::connect(self.addr).expect("connect to brain serve");
-        stream.set_read_timeout(Some(WAIT)).expect("read timeout");
-        stream.set_write_timeout(Some(WAIT)).expect("write timeout");
-        stream
+        super::http::connect(self.addr)
     }
 
     pub fn bearer(&self) -> String {
@@ -283,17 +280,9 @@ impl Served {
     }
 }
 
-/// Encodes a request with `Connection: close`; `headers` come after Host.
+/// Encodes a request with `Connection: close`; `headers` come after it.
 pub fn encode(method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Vec<u8> {
-    let mut out = format!("{method} {path} HTTP/1.1\r\nhost: brain\r\nconnection: close\r\n");
-    for (name, value) in headers {
-        out.push_str(&format!("{name}: {value}\r\n"));
-    }
-    if !body.is_empty() || method == "POST" {
-        out.push_str(&format!("content-length: {}\r\n", body.len()));
-    }
-    out.push_str("\r\n");
-    let mut out = out.into_bytes();
-    out.extend_from_slice(body);
-    out
+    let mut all = vec![("connection", "close")];
+    all.extend_from_slice(headers);
+    super::http::encode(method, path, &all, body)
 }
