@@ -12,6 +12,7 @@
 use crate::cancel::CancelToken;
 use crate::dispatch::{Dispatcher, Internal};
 use crate::effects::{Effects, EnvironmentSpec, ModelCall, ToolCall};
+use crate::handoff::WorkQueue;
 use crate::journal::{Journal, JournalError, NewRecord, append_durable};
 use crate::metrics::Metrics;
 use crate::pool::Deadline;
@@ -26,7 +27,7 @@ use crate::protocol::jsonrpc::{self, Request, RequestId, RpcError};
 use crate::session::{Permission, SessionId};
 use crate::sessions::{Fixed, Phase, SessionSpec};
 use crate::worker::WorkerKey;
-use crossbeam_channel::{Receiver, Sender};
+use crossbeam_channel::Sender;
 use serde::Serialize;
 use serde_json::{Value, json};
 use std::collections::HashMap;
@@ -68,7 +69,7 @@ pub(crate) struct CallbackDone {
 
 /// The pool of threads that run callbacks (`brain-callback-N`).
 pub(crate) struct Executor {
-    jobs: Sender<Job>,
+    jobs: Arc<WorkQueue<Job>>,
 }
 
 impl Executor {
@@ -79,34 +80,41 @@ impl Executor {
         effects: Effects,
         internal: Sender<Internal>,
     ) -> std::io::Result<Executor> {
-        let (jobs, queue) = crossbeam_channel::unbounded::<Job>();
+        let jobs = Arc::new(WorkQueue::new());
         for n in 0..threads.max(1) {
             let (queue, journal, effects, internal) = (
-                queue.clone(),
+                jobs.clone(),
                 journal.clone(),
                 effects.clone(),
                 internal.clone(),
             );
             std::thread::Builder::new()
                 .name(format!("brain-callback-{n}"))
-                .spawn(move || serve(queue, &*journal, &effects, &internal))?;
+                .spawn(move || serve(&queue, &*journal, &effects, &internal))?;
         }
         Ok(Executor { jobs })
     }
 
     fn submit(&self, job: Job) {
-        // The threads live as long as the executor; a send can only fail during teardown.
-        let _ = self.jobs.send(job);
+        // The queue closes only when the executor is dropped, and then nobody submits.
+        let _ = self.jobs.push(job);
+    }
+}
+
+impl Drop for Executor {
+    /// Stops the threads once they have run the jobs already queued.
+    fn drop(&mut self) {
+        self.jobs.close();
     }
 }
 
 fn serve(
-    queue: Receiver<Job>,
+    queue: &WorkQueue<Job>,
     journal: &dyn Journal,
     effects: &Effects,
     internal: &Sender<Internal>,
 ) {
-    while let Ok(job) = queue.recv() {
+    while let Some(job) = queue.pop() {
         let mut incarnation = None;
         let answer = run(&job, journal, effects, &mut incarnation);
         let done = CallbackDone {

@@ -21,6 +21,7 @@ mod dispatch;
 pub mod effects;
 #[doc(hidden)]
 pub mod fuzzing;
+mod handoff;
 pub mod harness;
 pub mod http;
 pub mod journal;

@@ -159,18 +159,18 @@ impl Connection {
         if line.len() as u64 > limit {
             return Err(CallError::too_large(line.len(), limit));
         }
-        let (answer_tx, answer_rx) = crossbeam_channel::bounded(1);
+        let (promise, answer) = crate::handoff::oneshot();
         self.pending
-            .register(id.clone(), answer_tx)
+            .register(id.clone(), promise)
             .map_err(|reason| CallError::connection_closed(&reason))?;
         if self.outgoing.send(Outgoing::Line(line)).is_err() {
             self.pending.forget(&id);
             return Err(self.closed_error());
         }
-        match answer_rx.recv() {
-            Ok(Ok(result)) => Ok(result),
-            Ok(Err(error)) => Err(CallError::from_rpc(error)),
-            Err(_) => Err(self.closed_error()),
+        match answer.wait() {
+            Some(Ok(result)) => Ok(result),
+            Some(Err(error)) => Err(CallError::from_rpc(error)),
+            None => Err(self.closed_error()),
         }
     }
 

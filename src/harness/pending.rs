@@ -1,11 +1,11 @@
-//! The harness's outstanding `brain/call` requests: id → one-shot channel for the answer.
+//! The harness's outstanding `brain/call` requests: id → the promise of its answer.
 //!
 //! Kept apart from the transport (as lsp-server's `req_queue.rs` does). Closing is one step under the
 //! lock: it marks the map closed and drops every waiting sender, so each blocked caller wakes at
 //! once, and no caller can register after the close and then wait forever.
 
+use crate::handoff::Promise;
 use crate::protocol::jsonrpc::{RequestId, Response, RpcError};
-use crossbeam_channel::Sender;
 use parking_lot::Mutex;
 use serde_json::Value;
 use std::collections::HashMap;
@@ -22,12 +22,12 @@ pub(crate) struct Pending {
 struct State {
     /// `Some(reason)` once the connection closed; no call may register after that.
     closed: Option<String>,
-    calls: HashMap<RequestId, Sender<Answer>>,
+    calls: HashMap<RequestId, Promise<Answer>>,
 }
 
 impl Pending {
     /// Registers a call. Fails with the close reason when the connection is already closed.
-    pub(crate) fn register(&self, id: RequestId, answer: Sender<Answer>) -> Result<(), String> {
+    pub(crate) fn register(&self, id: RequestId, answer: Promise<Answer>) -> Result<(), String> {
         let mut state = self.state.lock();
         if let Some(reason) = &state.closed {
             return Err(reason.clone());
@@ -47,8 +47,7 @@ impl Pending {
         let Some(answer) = self.state.lock().calls.remove(&response.id) else {
             return Err(response);
         };
-        // The caller may have stopped waiting only by panicking; nothing to do then.
-        let _ = answer.send(response.outcome);
+        answer.deliver(response.outcome);
         Ok(())
     }
 
@@ -62,7 +61,7 @@ impl Pending {
         if !calls.is_empty() {
             log::debug!("failing {} pending brain/call(s): {reason}", calls.len());
         }
-        // Dropping the senders disconnects each caller's receiver, which it reports as closed.
+        // Dropping the promises wakes each caller empty-handed, which it reports as closed.
         drop(calls);
     }
 

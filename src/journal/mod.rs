@@ -303,19 +303,15 @@ pub fn append_durable(
     record: NewRecord,
 ) -> Result<u64, JournalError> {
     let sequence = journal.append(session, record)?;
-    let (sender, receiver) = crossbeam_channel::bounded(1);
+    let (promise, expected) = crate::handoff::oneshot();
     journal.on_durable(
         session,
         sequence,
-        Box::new(move |result| {
-            // The receiver is alive until `recv` returns; a failed send cannot happen and would
-            // only mean nobody waits any more.
-            let _ = sender.send(result);
-        }),
+        Box::new(move |result| promise.deliver(result)),
     );
-    match receiver.recv() {
-        Ok(result) => result.map(|()| sequence),
-        Err(_) => Err(JournalError::Failed(format!(
+    match expected.wait() {
+        Some(result) => result.map(|()| sequence),
+        None => Err(JournalError::Failed(format!(
             "the journal dropped the durability callback of record {sequence} of session {session}"
         ))),
     }
