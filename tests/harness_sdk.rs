@@ -380,6 +380,14 @@ fn read_state(state_dir: &Path) -> Value {
     serde_json::from_slice(&bytes).expect("the state file is JSON")
 }
 
+/// The state file's inode number and size.
+fn state_file_identity(state_dir: &Path) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    let metadata =
+        std::fs::metadata(state_dir.join("reference-state.json")).expect("the state file");
+    (metadata.ino(), metadata.len())
+}
+
 /// Removes a temp directory when the test ends, also on panic.
 struct TempDir(PathBuf);
 
@@ -465,6 +473,11 @@ fn reference_harness_runs_a_tool_calling_loop_and_keeps_native_state() {
         read_state(&state_dir),
         json!({"turns": 1, "last_sequence": 7})
     );
+    let first_file = state_file_identity(&state_dir);
+    assert_eq!(
+        first_file.1, 256,
+        "the state file is padded to one sector's worth"
+    );
 
     // A second turn continues the saved transcript; the state file counts it.
     let params = reference_run(
@@ -496,6 +509,11 @@ fn reference_harness_runs_a_tool_calling_loop_and_keeps_native_state() {
     assert_eq!(
         read_state(&state_dir),
         json!({"turns": 2, "last_sequence": 9})
+    );
+    assert_eq!(
+        state_file_identity(&state_dir),
+        first_file,
+        "the second state is written in place: same inode, same size"
     );
     let names: Vec<_> = std::fs::read_dir(&state_dir)
         .unwrap()

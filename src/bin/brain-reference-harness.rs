@@ -16,9 +16,10 @@
 //!    model reads. Otherwise the loop ends. At most 32 model calls (rounds): a 32nd answer that
 //!    still asks for tools fails the run `harness_error` ("too many rounds");
 //! 4. saves the whole transcript with `transcript.set`, then writes the native state file
-//!    (`{"turns": <completed runs>, "last_sequence": <this run's sequence>}`, atomically: a
-//!    temporary file, fsync, rename), and answers `{"result": {"text": <the final assistant
-//!    text>, "rounds": <model calls>}}`.
+//!    (`{"turns": <completed runs>, "last_sequence": <this run's sequence>}`, padded with spaces
+//!    to 256 bytes and overwritten in place with one sector write and `fdatasync`; the first one
+//!    goes through a temporary file, fsync and rename), and answers
+//!    `{"result": {"text": <the final assistant text>, "rounds": <model calls>}}`.
 //!
 //! The cancel token is checked before every callback: a cancelled run answers `cancelled` and
 //! makes no further callback. A fatal callback error ends the run with its code, and so does a
@@ -40,6 +41,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use std::fs::File;
 use std::io::{self, Write};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -48,6 +50,10 @@ const MAX_ROUNDS: u64 = 32;
 
 /// The native state file's name inside the session's `state_dir`.
 const STATE_FILE: &str = "reference-state.json";
+
+/// The state file's fixed size: well inside one 512-byte disk sector, so that overwriting it is
+/// one atomic sector write.
+const STATE_FILE_SIZE: usize = 256;
 
 /// The reference harness. Holds nothing in memory between runs: the transcript comes from Brain and
 /// the rest lives in the state directory.
@@ -277,17 +283,42 @@ impl NativeState {
         })
     }
 
-    /// Writes the state file atomically and durably: the directory is created if missing, the
-    /// content goes to a temporary file that is synced and renamed over the old one, and the
-    /// directory is synced so the rename survives a crash.
+    /// Writes the state file durably, so that it is on disk before `run` is answered (Brain
+    /// removes the activation marker only after that answer).
+    ///
+    /// The file always holds [`STATE_FILE_SIZE`] bytes: the JSON padded with spaces (trailing
+    /// whitespace is valid JSON). Once it exists, a new state overwrites it in place with one
+    /// write inside the first disk sector and one `fdatasync`: a single-sector write is atomic on
+    /// the devices Brain supports (PostgreSQL's `pg_control` relies on the same), so a crash
+    /// leaves the old state or the new one, never a mix. That costs one data flush per turn,
+    /// where a temporary file and a rename cost a file sync, a directory sync and a new inode.
+    /// The first write, or a file of another size, goes through a temporary file that is synced
+    /// and renamed over the old one, and the directory is synced so the rename survives a crash.
     fn store(&self, path: &Path) -> io::Result<()> {
+        let mut bytes = serde_json::to_vec(self).map_err(io::Error::other)?;
+        if bytes.len() >= STATE_FILE_SIZE {
+            return Err(io::Error::other(format!(
+                "the state is {} bytes; the state file holds at most {}",
+                bytes.len(),
+                STATE_FILE_SIZE - 1
+            )));
+        }
+        bytes.resize(STATE_FILE_SIZE - 1, b' ');
+        bytes.push(b'\n');
+        match std::fs::OpenOptions::new().write(true).open(path) {
+            Ok(file) if file.metadata()?.len() == STATE_FILE_SIZE as u64 => {
+                file.write_all_at(&bytes, 0)?;
+                return file.sync_data();
+            }
+            Ok(_) => {}
+            Err(error) if error.kind() == io::ErrorKind::NotFound => {}
+            Err(error) => return Err(error),
+        }
         let directory = path.parent().unwrap_or(Path::new("."));
         std::fs::create_dir_all(directory)?;
         let mut temporary = path.as_os_str().to_owned();
         temporary.push(".tmp");
         let temporary = PathBuf::from(temporary);
-        let mut bytes = serde_json::to_vec(self).map_err(io::Error::other)?;
-        bytes.push(b'\n');
         {
             let mut file = File::create(&temporary)?;
             file.write_all(&bytes)?;
