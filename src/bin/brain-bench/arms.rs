@@ -13,6 +13,7 @@ use brain::{Brain, Config, Outcome, OutcomeKind, Registration, Registrations, Se
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 /// Where things are: this binary (also the bench harness), the reference harness, and the root
@@ -55,6 +56,20 @@ fn registration(setup: &Setup, harness: Harness, workers: u32) -> Result<Registr
         }
     };
     Ok(registration.workers(workers).max_concurrency(64))
+}
+
+/// A new, empty directory for one trial: `root/name-N`, N counting trials in this run.
+///
+/// Nothing is deleted until the run ends. ext4 without a journal (this project's benchmark
+/// machine) will not reuse an inode freed in the last 60–360 s and scans past every such inode on
+/// each allocation, so deleting one trial's thousands of files would slow the next trial's
+/// session creations — a cost of the bench's own cleanup, not of Brain.
+pub fn trial_dir(root: &Path, name: &str) -> Result<PathBuf, String> {
+    static TRIALS: AtomicUsize = AtomicUsize::new(0);
+    let n = TRIALS.fetch_add(1, Ordering::Relaxed);
+    let dir = root.join(format!("{name}-{n}"));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    Ok(dir)
 }
 
 /// A fresh, empty directory `root/name`.
@@ -102,11 +117,9 @@ pub fn start_brain(
     Ok(brain)
 }
 
-/// Stops Brain and removes its data directory.
-fn finish(brain: Brain, dir: &Path) {
+/// Stops Brain. Its data directory stays until the run ends (see [`trial_dir`]).
+fn finish(brain: Brain) {
     brain.shutdown(Duration::from_secs(5));
-    drop(brain);
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// Creates a session from a JSON request.
@@ -153,7 +166,7 @@ pub fn callbacks(
     sessions: usize,
     window: &Window,
 ) -> Result<Trial, String> {
-    let dir = fresh_dir(&setup.root, name)?;
+    let dir = trial_dir(&setup.root, name)?;
     let brain = start_brain(setup, Harness::Bench, 1, storage, &dir, Effects::default())?;
     let result = (|| {
         let request = json!({"agentloop": {"name": "bench", "configuration": {"bench": mode}}});
@@ -186,7 +199,7 @@ pub fn callbacks(
         let rate = histogram.count() as f64 / window.measure.as_secs_f64();
         Ok(Trial::from_histogram(&histogram, rate))
     })();
-    finish(brain, &dir);
+    finish(brain);
     result
 }
 
@@ -198,7 +211,7 @@ pub fn activations(
     sessions: usize,
     window: &Window,
 ) -> Result<Trial, String> {
-    let dir = fresh_dir(&setup.root, name)?;
+    let dir = trial_dir(&setup.root, name)?;
     let brain = start_brain(
         setup,
         Harness::Bench,
@@ -230,7 +243,7 @@ pub fn activations(
         let rate = histogram.count() as f64 / window.measure.as_secs_f64();
         Ok(Trial::from_histogram(&histogram, rate))
     })();
-    finish(brain, &dir);
+    finish(brain);
     result
 }
 
@@ -336,7 +349,7 @@ pub fn turns(
     per_session: usize,
     window: &Window,
 ) -> Result<Trial, String> {
-    let dir = fresh_dir(&setup.root, name)?;
+    let dir = trial_dir(&setup.root, name)?;
     let effects = Effects::default()
         .with_driver("bench", Arc::new(InstantDriver))
         .with_provider(
@@ -413,7 +426,7 @@ pub fn turns(
         Trial::from_histogram(&histogram, rate)
     });
     match Arc::try_unwrap(brain) {
-        Ok(brain) => finish(brain, &dir),
+        Ok(brain) => finish(brain),
         Err(brain) => brain.shutdown(Duration::from_secs(5)),
     }
     result
