@@ -262,13 +262,13 @@ impl Canceller {
 /// Sends a command built around a reply channel and blocks for the answer.
 pub(crate) fn request<T>(
     commands: &Sender<Command>,
-    build: impl FnOnce(Sender<Result<T, ApiError>>) -> Command,
+    build: impl FnOnce(crate::dispatch::Reply<T>) -> Command,
 ) -> Result<T, ApiError> {
-    let (reply, answer) = crossbeam_channel::bounded(1);
+    let (reply, answer) = crate::handoff::oneshot();
     commands
         .send(build(reply))
         .map_err(|_| ApiError::shutting_down())?;
-    answer.recv().map_err(|_| ApiError::shutting_down())?
+    answer.wait().ok_or_else(ApiError::shutting_down)?
 }
 
 /// A handle on one session: send it input, cancel, passivate, close, delete.

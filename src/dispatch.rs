@@ -26,7 +26,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-type Reply<T> = Sender<Result<T, ApiError>>;
+/// Where the dispatcher answers a command: the caller waits on the other half.
+pub(crate) type Reply<T> = crate::handoff::Promise<Result<T, ApiError>>;
 
 /// Requests from API callers to the dispatcher. Each carries the channel its answer goes to.
 #[derive(Debug)]
@@ -311,12 +312,12 @@ impl Dispatcher {
                 sequence,
                 reply,
             } => {
-                let _ = reply.send(self.cancel(&session, sequence));
+                reply.deliver(self.cancel(&session, sequence));
             }
             Command::Passivate { session, reply } => self.passivate(&session, reply),
             Command::Close { session, reply } => self.close(&session, reply),
             Command::Delete { session, reply } => {
-                let _ = reply.send(self.delete(&session));
+                reply.deliver(self.delete(&session));
             }
             Command::ClientEvent {
                 session,
@@ -325,7 +326,7 @@ impl Dispatcher {
                 reply,
             } => self.client_event(&session, event_type, data, reply),
             Command::Info { session, reply } => {
-                let _ = reply.send(self.info(&session));
+                reply.deliver(self.info(&session));
             }
             Command::List { reply } => {
                 let mut all: Vec<SessionInfo> = self
@@ -337,7 +338,7 @@ impl Dispatcher {
                     .filter_map(|id| self.info(id).ok())
                     .collect();
                 all.sort_by(|a, b| a.session_id.cmp(&b.session_id));
-                let _ = reply.send(Ok(all));
+                reply.deliver(Ok(all));
             }
         }
     }

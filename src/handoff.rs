@@ -116,6 +116,12 @@ impl<T> Promise<T> {
     }
 }
 
+impl<T> std::fmt::Debug for Promise<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Promise")
+    }
+}
+
 impl<T> Drop for Promise<T> {
     fn drop(&mut self) {
         if let Some(shared) = self.shared.take() {

@@ -29,14 +29,13 @@ use crate::session::{
 };
 use crate::status::{FailureReason, WorkerFailure, WorkerState};
 use crate::worker::WorkerKey;
-use crossbeam_channel::Sender;
 use serde_json::{Map, Value, json};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-type Reply<T> = Sender<Result<T, ApiError>>;
+use crate::dispatch::Reply;
 
 /// The longest failure message kept in `activation_finished`.
 const MAX_FAILURE_MESSAGE: usize = 4096;
@@ -316,16 +315,26 @@ impl Dispatcher {
         data: Value,
         token: DurableToken,
     ) -> Result<u64, JournalError> {
-        let sequence = self.journal.append(
+        let sequence = self.record(session, kind, data)?;
+        self.when_durable(session, sequence, token);
+        Ok(sequence)
+    }
+
+    /// Appends a record that nobody waits on yet.
+    fn record(
+        &self,
+        session: &SessionId,
+        kind: RecordKind,
+        data: Value,
+    ) -> Result<u64, JournalError> {
+        self.journal.append(
             session,
             NewRecord {
                 kind,
                 data,
                 origin: None,
             },
-        )?;
-        self.when_durable(session, sequence, token);
-        Ok(sequence)
+        )
     }
 
     fn when_durable(&self, session: &SessionId, sequence: u64, token: DurableToken) {
@@ -355,7 +364,7 @@ impl Dispatcher {
                 DurableToken::Created { session: id, reply },
             ),
             Err(error) => {
-                let _ = reply.send(Err(error));
+                reply.deliver(Err(error));
             }
         }
     }
@@ -536,7 +545,7 @@ impl Dispatcher {
                 }
             }
             Err(error) => {
-                let _ = reply.send(Err(error));
+                reply.deliver(Err(error));
             }
         }
     }
@@ -695,7 +704,7 @@ impl Dispatcher {
                 let answer = result
                     .map_err(journal_error)
                     .and_then(|()| self.info(&session));
-                let _ = reply.send(answer);
+                reply.deliver(answer);
             }
             DurableToken::Lifecycle { session, reply } => {
                 let answer = result
@@ -703,13 +712,13 @@ impl Dispatcher {
                     .and_then(|()| self.info(&session));
                 let passivated =
                     matches!(&answer, Ok(info) if info.status == SessionStatus::Passivated);
-                let _ = reply.send(answer);
+                reply.deliver(answer);
                 if passivated {
                     self.make_dormant(&session);
                 }
             }
             DurableToken::ClientEvent { sequence, reply } => {
-                let _ = reply.send(result.map_err(journal_error).map(|()| sequence));
+                reply.deliver(result.map_err(journal_error).map(|()| sequence));
             }
             DurableToken::Queued { session, sequence } => {
                 let commands = self.commands.clone();
@@ -730,7 +739,7 @@ impl Dispatcher {
                     cell: active.cell.clone(),
                     commands,
                 });
-                let _ = reply.send(answer);
+                reply.deliver(answer);
             }
             DurableToken::Started { session, sequence } => {
                 self.on_started_durable(&session, sequence, result)
@@ -1485,7 +1494,7 @@ impl Dispatcher {
             Ok(_) => None,
         };
         if let Some(error) = refusal {
-            let _ = reply.send(Err(error));
+            reply.deliver(Err(error));
             return;
         }
         let record = NewRecord {
@@ -1501,7 +1510,7 @@ impl Dispatcher {
                 self.when_durable(id, sequence, DurableToken::ClientEvent { sequence, reply })
             }
             Err(error) => {
-                let _ = reply.send(Err(journal_error(error)));
+                reply.deliver(Err(journal_error(error)));
             }
         }
     }
@@ -1546,30 +1555,29 @@ impl Dispatcher {
                     format!("session {id} is interrupted and cannot be passivated"),
                 )),
                 SessionStatus::Passivated => {
-                    let _ = reply.send(self.info(id));
+                    reply.deliver(self.info(id));
                     return;
                 }
                 SessionStatus::Open => None,
             },
         };
         if let Some(error) = refusal {
-            let _ = reply.send(Err(error));
+            reply.deliver(Err(error));
             return;
         }
-        let token = DurableToken::Lifecycle {
-            session: id.clone(),
-            reply: reply.clone(),
-        };
-        match self.append(id, RecordKind::SessionPassivated, json!({}), token) {
-            Ok(_) => {
+        match self.record(id, RecordKind::SessionPassivated, json!({})) {
+            Ok(sequence) => {
+                let token = DurableToken::Lifecycle {
+                    session: id.clone(),
+                    reply,
+                };
+                self.when_durable(id, sequence, token);
                 if let Some(state) = self.sessions.get_mut(id) {
                     state.lifecycle = Lifecycle::Passivated;
                 }
                 self.send_close(id, CloseReason::Passivated);
             }
-            Err(error) => {
-                let _ = reply.send(Err(journal_error(error)));
-            }
+            Err(error) => reply.deliver(Err(journal_error(error))),
         }
     }
 
@@ -1602,25 +1610,26 @@ impl Dispatcher {
                 format!("session {id} has an activation queued or running"),
             )),
             Ok(session) if session.lifecycle == Lifecycle::Closed => {
-                let _ = reply.send(self.info(id));
+                reply.deliver(self.info(id));
                 return;
             }
             Ok(_) => None,
         };
         if let Some(error) = refusal {
-            let _ = reply.send(Err(error));
+            reply.deliver(Err(error));
             return;
         }
         let holds_memory = self
             .sessions
             .get(id)
             .is_some_and(|s| s.lifecycle != Lifecycle::Passivated);
-        let token = DurableToken::Lifecycle {
-            session: id.clone(),
-            reply: reply.clone(),
-        };
-        match self.append(id, RecordKind::SessionClosed, json!({}), token) {
-            Ok(_) => {
+        match self.record(id, RecordKind::SessionClosed, json!({})) {
+            Ok(sequence) => {
+                let token = DurableToken::Lifecycle {
+                    session: id.clone(),
+                    reply,
+                };
+                self.when_durable(id, sequence, token);
                 if let Some(state) = self.sessions.get_mut(id) {
                     state.lifecycle = Lifecycle::Closed;
                 }
@@ -1628,9 +1637,7 @@ impl Dispatcher {
                     self.send_close(id, CloseReason::Closed);
                 }
             }
-            Err(error) => {
-                let _ = reply.send(Err(journal_error(error)));
-            }
+            Err(error) => reply.deliver(Err(journal_error(error))),
         }
     }
 
