@@ -17,7 +17,7 @@ use crate::journal::{Journal, JournalError, NewRecord, append_durable};
 use crate::metrics::Metrics;
 use crate::pool::Deadline;
 use crate::protocol::harness::{
-    BrainCallParams, CallbackInput, EnvironmentInfo, EnvironmentSummary, EnvironmentsCallResult,
+    BrainCall, CallbackInput, EnvironmentInfo, EnvironmentSummary, EnvironmentsCallResult,
     EnvironmentsListResult, ErrorCode, EventOrigin, EventsReadResult, KvGetResult, MAX_EVENTS_PAGE,
     MAX_OUTSTANDING_CALLBACKS, ModelCallResult, ModelRequest, OriginKind, RESERVED_KEY_PREFIX,
     RecordKind, SequenceResult, ToolCallResult, ToolDefinition, ToolOutcome, ToolResult,
@@ -636,8 +636,8 @@ impl Dispatcher {
             method: name,
             params,
         } = request;
-        let admitted = if name == method::BRAIN_CALL {
-            self.admit_callback(key, &id, params)
+        let call = if name == method::BRAIN_CALL {
+            BrainCall::from_params(params)
         } else {
             let shown: String = name.chars().take(64).collect();
             Err(call_error(
@@ -645,7 +645,17 @@ impl Dispatcher {
                 format!("unknown method {shown:?}"),
             ))
         };
-        if let Err(error) = admitted {
+        self.on_brain_call(key, id, call);
+    }
+
+    /// A `brain/call` (or why the request is not one): admitted, or refused with its answer.
+    pub(crate) fn on_brain_call(
+        &mut self,
+        key: WorkerKey,
+        id: RequestId,
+        call: Result<BrainCall, RpcError>,
+    ) {
+        if let Err(error) = call.and_then(|call| self.admit_callback(key, &id, call)) {
             let code = error_code(&error).map_or("error", ErrorCode::as_str);
             self.metrics.callback("refused", code);
             self.pool
@@ -657,14 +667,8 @@ impl Dispatcher {
         &mut self,
         key: WorkerKey,
         id: &RequestId,
-        params: Value,
+        params: BrainCall,
     ) -> Result<(), RpcError> {
-        let params: BrainCallParams = serde_json::from_value(params).map_err(|error| {
-            call_error(
-                ErrorCode::InvalidInput,
-                format!("brain/call params: {error}"),
-            )
-        })?;
         let not_active = || {
             call_error(
                 ErrorCode::ActivationNotActive,
@@ -693,7 +697,7 @@ impl Dispatcher {
             }
             return Err(not_active());
         };
-        let call = CallbackInput::decode(&params.method, params.input)?;
+        let call = params.input?;
         if active.cancel_requested && is_effect(&call) {
             let error = call_error(
                 ErrorCode::Cancelled,

@@ -218,6 +218,7 @@ impl Dispatcher {
             for happening in happenings {
                 match happening {
                     Happening::Request { key, request } => self.on_harness_request(key, request),
+                    Happening::Call { key, id, call } => self.on_brain_call(key, id, Ok(call)),
                     Happening::Answered {
                         key,
                         request,

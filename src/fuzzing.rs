@@ -14,10 +14,12 @@ use crate::journal::frame::{self, FRAME_OVERHEAD, MAX_BODY_LEN};
 use crate::journal::{DiskJournal, Journal, JournalError, NewRecord};
 use crate::protocol::framing::{Frame, LineReader, PREFIX_BYTES};
 use crate::protocol::harness::{
-    CallErrorData, CallbackInput, CallbackMethod, CallbackResult, ErrorCode, RecordKind,
+    BrainCall, CallErrorData, CallbackInput, CallbackMethod, CallbackResult, ErrorCode, RecordKind,
+    method,
 };
 use crate::protocol::jsonrpc::{self, Message, Request};
 use crate::session::{CreateSession, SessionId};
+use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 use std::collections::BTreeMap;
 use std::io::{self, Read, Write};
@@ -189,11 +191,26 @@ impl Rng {
 /// Checks that a decoded message re-encodes (with Brain's encoders; a notification as the object
 /// it was) to one line without a newline that decodes to the same message. A request whose
 /// params were absent re-encodes with `{}`: `encode_request` always writes params, and `null`
-/// params are refused.
+/// params are refused. And that the worker reader's typed `brain/call` path
+/// ([`BrainCall::decode_request`]) takes only lines the general path decodes as `brain/call`
+/// requests, with the same id, activation and input result.
 pub fn jsonrpc(data: &[u8]) {
+    let typed = BrainCall::decode_request(data);
     let Ok(message) = jsonrpc::decode(data) else {
+        assert!(
+            typed.is_none(),
+            "the typed path took a line the general one refuses"
+        );
         return;
     };
+    if let Some((id, call)) = typed {
+        let Message::Request(request) = &message else {
+            panic!("the typed path took a line that is not a request: {message:?}");
+        };
+        assert_eq!(request.id, id);
+        assert_eq!(request.method, method::BRAIN_CALL);
+        assert_eq!(BrainCall::from_params(request.params.clone()), Ok(call));
+    }
     let (line, expected) = match &message {
         Message::Request(request) => {
             let params = match &request.params {
@@ -249,6 +266,13 @@ pub fn callback_input(data: &[u8]) {
         return;
     };
     let known = method.parse::<CallbackMethod>().ok();
+    let raw: Box<RawValue> =
+        serde_json::from_slice(&data[newline + 1..]).expect("it parsed as a Value");
+    assert_eq!(
+        CallbackInput::decode_json(method, &raw),
+        CallbackInput::decode(method, input.clone()),
+        "typing {method} from text and from a Value disagree"
+    );
     match CallbackInput::decode(method, input.clone()) {
         Err(error) => {
             let code = match known {

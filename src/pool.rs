@@ -17,7 +17,7 @@ use crate::datadir::DataDir;
 use crate::dispatch::Internal;
 use crate::options::Options;
 use crate::protocol::harness::{
-    self, BrainInfo, InitializeParams, InitializeResult, PROTOCOL, ShutdownParams,
+    self, BrainCall, BrainInfo, InitializeParams, InitializeResult, PROTOCOL, ShutdownParams,
 };
 use crate::protocol::jsonrpc::{self, Message, Request, RequestId, Response, RpcError, Violation};
 use crate::session::SessionId;
@@ -92,6 +92,13 @@ pub(crate) enum SessionRequest {
 pub(crate) enum Happening {
     /// A harness request (not a duplicate) to be answered with [`Pool::answer`].
     Request { key: WorkerKey, request: Request },
+    /// A `brain/call` (not a duplicate) typed by the reader thread, to be answered with
+    /// [`Pool::answer`].
+    Call {
+        key: WorkerKey,
+        id: RequestId,
+        call: BrainCall,
+    },
     /// A session request was answered.
     Answered {
         key: WorkerKey,
@@ -537,6 +544,11 @@ impl Pool {
         }
         match event {
             WorkerEvent::Message(message) => self.on_message(key, message),
+            WorkerEvent::Call(id, call) => {
+                if self.take_incoming(key, &id) {
+                    self.happenings.push(Happening::Call { key, id, call });
+                }
+            }
             WorkerEvent::Violation(violation) => self.violation(key, violation, None),
             WorkerEvent::StdoutClosed => self.on_stdout_closed(key),
             WorkerEvent::Exited(exit) => self.on_exit(key, exit),
@@ -628,14 +640,22 @@ impl Pool {
     }
 
     fn on_request(&mut self, key: WorkerKey, request: Request) {
-        let Some(live) = self.slot_mut(key).and_then(|slot| slot.live.as_mut()) else {
-            return;
-        };
-        if !live.incoming.insert(request.id.clone()) {
-            self.violation(key, Violation::DuplicateId, Some(&request.id));
-            return;
+        if self.take_incoming(key, &request.id) {
+            self.happenings.push(Happening::Request { key, request });
         }
-        self.happenings.push(Happening::Request { key, request });
+    }
+
+    /// Registers a harness request's id as outstanding until [`Pool::answer`]. False (and a
+    /// violation counted) for an id already outstanding, or when that incarnation is gone.
+    fn take_incoming(&mut self, key: WorkerKey, id: &RequestId) -> bool {
+        let Some(live) = self.slot_mut(key).and_then(|slot| slot.live.as_mut()) else {
+            return false;
+        };
+        if !live.incoming.insert(id.clone()) {
+            self.violation(key, Violation::DuplicateId, Some(id));
+            return false;
+        }
+        true
     }
 
     /// Answers a harness request delivered as [`Happening::Request`]: its id is no longer

@@ -4,9 +4,10 @@
 //! harness's messages are ignored (serde's default); strictness belongs to registrations, session
 //! requests and configuration, which are parsed elsewhere.
 
-use crate::protocol::jsonrpc::RpcError;
+use crate::protocol::jsonrpc::{RequestId, RpcError};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use std::fmt;
 use std::str::FromStr;
@@ -1128,6 +1129,43 @@ impl CallbackInput {
         })
     }
 
+    /// As [`decode`](Self::decode), straight from the input's JSON text: no `Value` tree is built
+    /// for an input that types. An input that does not is typed again through a `Value`, so that
+    /// the result is always what `decode` gives (the same refusal and message; and duplicate
+    /// object keys, which typing from text refuses, are read as `decode` reads them: the last
+    /// wins).
+    pub fn decode_json(method: &str, input: &RawValue) -> Result<CallbackInput, RpcError> {
+        let Ok(known) = method.parse::<CallbackMethod>() else {
+            return CallbackInput::decode(method, Value::Null);
+        };
+        let text = input.get();
+        fn typed<T: DeserializeOwned>(text: &str) -> Option<T> {
+            serde_json::from_str(text).ok()
+        }
+        let fast = match known {
+            CallbackMethod::Model => typed(text).map(CallbackInput::Model),
+            CallbackMethod::Tool => typed(text).map(CallbackInput::Tool),
+            CallbackMethod::Emit => typed(text).map(CallbackInput::Emit),
+            CallbackMethod::TranscriptSet => typed(text).map(CallbackInput::TranscriptSet),
+            CallbackMethod::KvGet => typed(text).map(CallbackInput::KvGet),
+            CallbackMethod::KvPut => typed(text).map(CallbackInput::KvPut),
+            CallbackMethod::KvDelete => typed(text).map(CallbackInput::KvDelete),
+            CallbackMethod::EventsRead => typed(text).map(CallbackInput::EventsRead),
+            CallbackMethod::Telemetry => typed(text).map(CallbackInput::Telemetry),
+            CallbackMethod::EnvironmentsList => typed(text).map(CallbackInput::EnvironmentsList),
+            CallbackMethod::EnvironmentsGet => typed(text).map(CallbackInput::EnvironmentsGet),
+            CallbackMethod::EnvironmentsSetup => typed(text).map(CallbackInput::EnvironmentsSetup),
+            CallbackMethod::EnvironmentsCall => typed(text).map(CallbackInput::EnvironmentsCall),
+        };
+        match fast {
+            Some(input) => Ok(input),
+            None => {
+                let value = serde_json::from_str(text).unwrap_or(Value::Null);
+                CallbackInput::decode(method, value)
+            }
+        }
+    }
+
     /// The method this input belongs to.
     pub fn method(&self) -> CallbackMethod {
         match self {
@@ -1145,6 +1183,85 @@ impl CallbackInput {
             CallbackInput::EnvironmentsSetup(_) => CallbackMethod::EnvironmentsSetup,
             CallbackInput::EnvironmentsCall(_) => CallbackMethod::EnvironmentsCall,
         }
+    }
+}
+
+/// A `brain/call` request typed as far as admission needs: the activation it names and its input,
+/// or why the input was refused (answered only after the activation's authority is checked, so
+/// that a caller without authority learns nothing about its input).
+#[derive(Debug, PartialEq)]
+pub struct BrainCall {
+    /// The session of the activation making the call.
+    pub session_id: String,
+    /// The activation's sequence.
+    pub sequence: u64,
+    /// The typed input, or the refusal (`unknown_method`, `invalid_input`) to answer.
+    pub input: Result<CallbackInput, RpcError>,
+}
+
+impl BrainCall {
+    /// Types decoded `brain/call` params. Fails `invalid_input` when they are not
+    /// [`BrainCallParams`].
+    pub fn from_params(params: Value) -> Result<BrainCall, RpcError> {
+        let params: BrainCallParams = serde_json::from_value(params).map_err(|error| {
+            call_error(
+                ErrorCode::InvalidInput,
+                format!("brain/call params: {error}"),
+            )
+        })?;
+        Ok(BrainCall {
+            input: CallbackInput::decode(&params.method, params.input),
+            session_id: params.session_id,
+            sequence: params.sequence,
+        })
+    }
+
+    /// Decodes a whole line that is a well-formed JSON-RPC 2.0 `brain/call` request with
+    /// well-formed params, without building a `Value` tree for it. `None` for any other line
+    /// (another message, a malformed one, params that are not [`BrainCallParams`]): decode those
+    /// with [`jsonrpc::decode`](crate::protocol::jsonrpc::decode) and
+    /// [`from_params`](Self::from_params), which name what is wrong. Both ways give the same
+    /// result for every line this one accepts.
+    pub fn decode_request(line: &[u8]) -> Option<(RequestId, BrainCall)> {
+        #[derive(Deserialize)]
+        struct Wire<'a> {
+            jsonrpc: &'a str,
+            #[serde(borrow)]
+            id: &'a RawValue,
+            method: &'a str,
+            #[serde(borrow)]
+            params: &'a RawValue,
+        }
+        #[derive(Deserialize)]
+        struct Params<'a> {
+            session_id: String,
+            sequence: u64,
+            method: String,
+            #[serde(borrow)]
+            input: &'a RawValue,
+        }
+        let wire: Wire = serde_json::from_slice(line).ok()?;
+        if wire.jsonrpc != "2.0" || wire.method != method::BRAIN_CALL {
+            return None;
+        }
+        let id = match serde_json::from_str::<Value>(wire.id.get()).ok()? {
+            Value::Number(n) => RequestId::Int(n.as_i64()?),
+            Value::String(s) => RequestId::Str(s),
+            _ => return None,
+        };
+        if !wire.params.get().starts_with('{') {
+            return None;
+        }
+        let params: Params = serde_json::from_str(wire.params.get()).ok()?;
+        let input = CallbackInput::decode_json(&params.method, params.input);
+        Some((
+            id,
+            BrainCall {
+                session_id: params.session_id,
+                sequence: params.sequence,
+                input,
+            },
+        ))
     }
 }
 
@@ -1647,10 +1764,58 @@ mod tests {
             let typed = CallbackInput::decode(method, input.clone()).unwrap();
             assert_eq!(typed.method().as_str(), method);
             assert_eq!(serde_json::to_value(&typed).unwrap(), input, "{method}");
+            let text = serde_json::value::to_raw_value(&input).unwrap();
+            assert_eq!(CallbackInput::decode_json(method, &text), Ok(typed.clone()));
             seen.push(typed.method());
         }
         for method in CallbackMethod::ALL {
             assert!(seen.contains(&method), "{method} untested");
+        }
+    }
+
+    /// The worker reader's typed path against the general one (`jsonrpc::decode`, then
+    /// `BrainCall::from_params`): the same call for every line it takes, and no line taken that the
+    /// general path would read differently.
+    #[test]
+    fn the_typed_brain_call_path_agrees_with_the_general_one() {
+        use crate::protocol::jsonrpc::{self, Message};
+        let general = |line: &str| match jsonrpc::decode(line.as_bytes()) {
+            Ok(Message::Request(request)) if request.method == method::BRAIN_CALL => {
+                Some((request.id, BrainCall::from_params(request.params)))
+            }
+            _ => None,
+        };
+        let taken = [
+            r#"{"jsonrpc":"2.0","id":"c1","method":"brain/call","params":{"session_id":"ses_a","sequence":3,"method":"kv.get","input":{"key":"k"}}}"#,
+            r#"{"params":{"input":{"messages":[]},"method":"model","sequence":0,"session_id":"s"},"method":"brain/call","id":7,"jsonrpc":"2.0","extra":1}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"brain/call","params":{"session_id":"s","sequence":1,"method":"kv.get","input":{"key":5}}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"brain/call","params":{"session_id":"s","sequence":1,"method":"kv.list","input":{}}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"brain/call","params":{"session_id":"s","sequence":1,"method":"kv.get","input":null}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"brain/call","params":{"session_id":"s","sequence":1,"method":"kv.get","input":{"key":"a","key":"b"}}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"brain/call","params":{"session_id":"s","sequence":1,"method":"telemetry","input":[1,2.5,"x"]}}"#,
+        ];
+        for line in taken {
+            let (id, call) = BrainCall::decode_request(line.as_bytes())
+                .unwrap_or_else(|| panic!("the typed path refused {line}"));
+            assert_eq!(general(line), Some((id, Ok(call))), "{line}");
+        }
+        let left_to_the_general_path = [
+            r#"{"jsonrpc":"2.0","id":1,"method":"brain/call","params":{"session_id":"s","sequence":1,"method":"environments.list"}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"brain\/call","params":{"session_id":"s","sequence":1,"method":"kv.get","input":{"key":"k"}}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"brain/call","params":["s",1,"kv.get",{"key":"k"}]}"#,
+            r#"{"jsonrpc":"2.0","id":1.5,"method":"brain/call","params":{"session_id":"s","sequence":1,"method":"kv.get"}}"#,
+            r#"{"jsonrpc":"2.0","method":"brain/call","params":{"session_id":"s","sequence":1,"method":"kv.get"}}"#,
+            r#"{"jsonrpc":"1.0","id":1,"method":"brain/call","params":{"session_id":"s","sequence":1,"method":"kv.get"}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"brain/call","params":{"session_id":"s","sequence":-1,"method":"kv.get"}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"run","params":{}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"result":{}}"#,
+            "not json",
+        ];
+        for line in left_to_the_general_path {
+            assert!(
+                BrainCall::decode_request(line.as_bytes()).is_none(),
+                "{line}"
+            );
         }
     }
 

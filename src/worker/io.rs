@@ -10,6 +10,7 @@
 use super::process::Exit;
 use super::{WorkerEvent, WorkerKey, WorkerLabel};
 use crate::protocol::framing::{Frame, LineReader, PREFIX_BYTES};
+use crate::protocol::harness::BrainCall;
 use crate::protocol::jsonrpc::{self, Violation};
 use crossbeam_channel::Sender;
 use nix::errno::Errno;
@@ -41,9 +42,13 @@ pub fn read_stdout(
     loop {
         let outcome = match reader.next_frame() {
             Ok(None) => break,
-            Ok(Some(Frame::Line(line))) => match jsonrpc::decode(line) {
-                Ok(message) => Ok(message),
-                Err(violation) => Err((violation, prefix_of(line), line.len() as u64)),
+            Ok(Some(Frame::Line(line))) => match BrainCall::decode_request(line) {
+                // The common case, typed here without a `Value` tree and off the dispatcher.
+                Some((id, call)) => Ok(WorkerEvent::Call(id, call)),
+                None => match jsonrpc::decode(line) {
+                    Ok(message) => Ok(WorkerEvent::Message(message)),
+                    Err(violation) => Err((violation, prefix_of(line), line.len() as u64)),
+                },
             },
             Ok(Some(Frame::TooLong { prefix, length })) => Err((
                 Violation::LineTooLong,
@@ -56,7 +61,7 @@ pub fn read_stdout(
             }
         };
         let event = match outcome {
-            Ok(message) => WorkerEvent::Message(message),
+            Ok(event) => event,
             Err((violation, prefix, length)) => {
                 log::warn!(
                     "worker {label}: protocol violation {violation} ({length} bytes): {prefix:?}"

@@ -11,7 +11,8 @@ pub mod io;
 pub mod process;
 pub mod violations;
 
-use crate::protocol::jsonrpc::{Message, Violation};
+use crate::protocol::harness::BrainCall;
+use crate::protocol::jsonrpc::{Message, RequestId, Violation};
 use crossbeam_channel::Sender;
 use process::{Exit, ProcessHandle, SpawnSpec};
 use std::fmt;
@@ -50,6 +51,9 @@ impl fmt::Display for WorkerLabel {
 pub enum WorkerEvent {
     /// A decoded message from stdout.
     Message(Message),
+    /// A `brain/call` request from stdout, typed by the reader thread (see
+    /// [`BrainCall::decode_request`]); other requests come as [`WorkerEvent::Message`].
+    Call(RequestId, BrainCall),
     /// A line that could not be used (already logged).
     Violation(Violation),
     /// Stdout reached end of file or failed.
