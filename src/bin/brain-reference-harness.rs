@@ -31,11 +31,6 @@
 //!
 //! Speaks brain/harness/v1 on stdin/stdout; logs to stderr (`RUST_LOG`, default `warn`).
 
-/// Brain's allocations are many small, short-lived JSON values passed between threads; mimalloc
-/// serves them with far less CPU than glibc's malloc (docs/BENCHMARKS.md).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 use brain::harness::{Activation, CallError, Handler, HandlerError, serve};
 use brain::protocol::harness::{
     Block, Capabilities, Event, Identity, InitializeParams, InitializeResult, Message,

@@ -11,11 +11,6 @@
 //! Plain `std` timing; no async runtime. Build with `cargo build --release --bins` (the reference
 //! harness must sit beside this binary) or run `scripts/bench`.
 
-/// Brain's allocations are many small, short-lived JSON values passed between threads; mimalloc
-/// serves them with far less CPU than glibc's malloc (docs/BENCHMARKS.md).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 mod arms;
 mod baselines;
 mod harness;

@@ -2,11 +2,6 @@
 //!
 //! Exit codes are a contract: 0 ok, 1 not ready / failed, 2 usage, 78 configuration refused.
 
-/// Brain's allocations are many small, short-lived JSON values passed between threads; mimalloc
-/// serves them with far less CPU than glibc's malloc (docs/BENCHMARKS.md).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 mod client;
 mod serve;
 
