@@ -40,18 +40,11 @@ pub(crate) struct Job {
     sequence: u64,
     key: WorkerKey,
     id: RequestId,
-    call: CallbackInput,
     spec: Arc<SessionSpec>,
     /// The session's environment incarnations when the callback was admitted.
     incarnations: HashMap<String, u64>,
     cancel: CancelToken,
     metrics: Arc<Metrics>,
-}
-
-impl Job {
-    fn method(&self) -> &'static str {
-        self.call.method().as_str()
-    }
 }
 
 /// A finished callback, reported to the dispatcher.
@@ -69,7 +62,7 @@ pub(crate) struct CallbackDone {
 
 /// The pool of threads that run callbacks (`brain-callback-N`).
 pub(crate) struct Executor {
-    jobs: Arc<WorkQueue<Job>>,
+    jobs: Arc<WorkQueue<(Job, CallbackInput)>>,
 }
 
 impl Executor {
@@ -95,9 +88,11 @@ impl Executor {
         Ok(Executor { jobs })
     }
 
-    fn submit(&self, job: Job) {
+    /// Queues `call` to run in `job`'s context. The call is owned by the executor from here on,
+    /// so that its input (a model request carries the whole transcript) is never copied.
+    fn submit(&self, job: Job, call: CallbackInput) {
         // The queue closes only when the executor is dropped, and then nobody submits.
-        let _ = self.jobs.push(job);
+        let _ = self.jobs.push((job, call));
     }
 }
 
@@ -109,16 +104,17 @@ impl Drop for Executor {
 }
 
 fn serve(
-    queue: &WorkQueue<Job>,
+    queue: &WorkQueue<(Job, CallbackInput)>,
     journal: &dyn Journal,
     effects: &Effects,
     internal: &Sender<Internal>,
 ) {
-    while let Some(job) = queue.pop() {
+    while let Some((job, call)) = queue.pop() {
         let mut incarnation = None;
-        let answer = run(&job, journal, effects, &mut incarnation);
+        let method = call.method().as_str();
+        let answer = run(&job, call, journal, effects, &mut incarnation);
         let done = CallbackDone {
-            method: job.method(),
+            method,
             session: job.session,
             sequence: job.sequence,
             key: job.key,
@@ -179,11 +175,12 @@ fn reserved(key: &str) -> Result<(), RpcError> {
 /// Runs one callback to its answer. A successful setup reports the new incarnation.
 fn run(
     job: &Job,
+    call: CallbackInput,
     journal: &dyn Journal,
     effects: &Effects,
     incarnation: &mut Option<(String, u64)>,
 ) -> Result<Vec<u8>, RpcError> {
-    match &job.call {
+    match call {
         CallbackInput::KvGet(input) => {
             let value = journal
                 .kv_get(&job.session, &input.key)
@@ -398,7 +395,7 @@ fn model(
     job: &Job,
     journal: &dyn Journal,
     effects: &Effects,
-    request: &ModelRequest,
+    mut request: ModelRequest,
 ) -> Result<Vec<u8>, RpcError> {
     let spec = &job.spec;
     let provider = effects.provider(&spec.model.provider).ok_or_else(|| {
@@ -407,7 +404,6 @@ fn model(
             format!("no model provider named {:?}", spec.model.provider),
         )
     })?;
-    let mut request = request.clone();
     if request.system.is_none() {
         request.system = spec.request.system.clone();
     }
@@ -731,17 +727,19 @@ impl Dispatcher {
         if let Some(active) = self.active_mut(&session, params.sequence) {
             active.outstanding += 1;
         }
-        self.executor.submit(Job {
-            session,
-            sequence: params.sequence,
-            key,
-            id: id.clone(),
+        self.executor.submit(
+            Job {
+                session,
+                sequence: params.sequence,
+                key,
+                id: id.clone(),
+                spec,
+                incarnations,
+                cancel,
+                metrics: self.metrics.clone(),
+            },
             call,
-            spec,
-            incarnations,
-            cancel,
-            metrics: self.metrics.clone(),
-        });
+        );
         Ok(())
     }
 
