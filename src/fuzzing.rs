@@ -193,16 +193,29 @@ impl Rng {
 /// params were absent re-encodes with `{}`: `encode_request` always writes params, and `null`
 /// params are refused. And that the worker reader's typed `brain/call` path
 /// ([`BrainCall::decode_request`]) takes only lines the general path decodes as `brain/call`
-/// requests, with the same id, activation and input result.
+/// requests, with the same id, activation and input result; and that the SDK reader's result path
+/// ([`jsonrpc::decode_result`]) takes only success responses, with the same id and result.
 pub fn jsonrpc(data: &[u8]) {
     let typed = BrainCall::decode_request(data);
+    let result = jsonrpc::decode_result(data);
     let Ok(message) = jsonrpc::decode(data) else {
         assert!(
             typed.is_none(),
             "the typed path took a line the general one refuses"
         );
+        assert!(
+            result.is_none(),
+            "the result path took a line the general one refuses"
+        );
         return;
     };
+    if let Some((id, result)) = result {
+        let Message::Response(response) = &message else {
+            panic!("the result path took a line that is not a response: {message:?}");
+        };
+        let value: Value = serde_json::from_str(result.get()).expect("the result is JSON");
+        assert_eq!((&response.id, &response.outcome), (&id, &Ok(value)));
+    }
     if let Some((id, call)) = typed {
         let Message::Request(request) = &message else {
             panic!("the typed path took a line that is not a request: {message:?}");

@@ -831,6 +831,103 @@ fn pending_calls_fail_when_the_connection_closes() {
 }
 
 #[test]
+fn a_typed_call_encodes_its_input_and_types_the_answer() {
+    let (harness_reads, mut to_harness) = std::io::pipe().unwrap();
+    let (from_harness, harness_writes) = std::io::pipe().unwrap();
+    let (connection, threads) = Connection::new(harness_reads, harness_writes, 1 << 20).unwrap();
+    let out = Lines::spawn(from_harness, Some(256));
+    #[derive(serde::Serialize)]
+    struct Put<'a> {
+        key: &'a str,
+        value: &'a [u32],
+    }
+    let mut answer = |line: &str| {
+        to_harness.write_all(line.as_bytes()).unwrap();
+        to_harness.write_all(b"\n").unwrap();
+    };
+
+    // The input is encoded as given; a well-formed answer is typed.
+    let caller = {
+        let connection = connection.clone();
+        thread::spawn(move || {
+            connection.call_typed::<_, brain::protocol::harness::SequenceResult>(
+                "ses_t",
+                4,
+                "kv.put",
+                &Put {
+                    key: "k",
+                    value: &[1, 2],
+                },
+            )
+        })
+    };
+    let call = out.json();
+    assert_eq!(
+        call["params"],
+        json!({"session_id": "ses_t", "sequence": 4, "method": "kv.put",
+               "input": {"key": "k", "value": [1, 2]}})
+    );
+    let id = call["id"].as_str().unwrap().to_owned();
+    answer(&format!(
+        r#"{{"jsonrpc":"2.0","id":"{id}","result":{{"sequence":17}}}}"#
+    ));
+    let typed = caller.join().unwrap().expect("the typed answer");
+    assert_eq!(typed.sequence, 17);
+
+    // An answer that is not the type asked for fails `invalid_response`, not fatal.
+    let caller = {
+        let connection = connection.clone();
+        thread::spawn(move || {
+            connection.call_typed::<_, brain::protocol::harness::SequenceResult>(
+                "ses_t",
+                4,
+                "kv.delete",
+                &json!({"key": "k"}),
+            )
+        })
+    };
+    let id = out.json()["id"].as_str().unwrap().to_owned();
+    answer(&format!(
+        r#"{{"jsonrpc":"2.0","id":"{id}","result":{{"sequence":"x"}}}}"#
+    ));
+    let error = caller.join().unwrap().expect_err("a malformed answer");
+    assert_eq!(error.code, CallError::INVALID_RESPONSE);
+    assert!(!error.fatal);
+    assert!(error.message.contains("kv.delete"), "{}", error.message);
+
+    // The untyped call still hands back the result as JSON, errors as errors.
+    let caller = {
+        let connection = connection.clone();
+        thread::spawn(move || connection.call("ses_t", 4, "kv.get", json!({"key": "k"})))
+    };
+    let id = out.json()["id"].as_str().unwrap().to_owned();
+    answer(&format!(
+        r#"{{"jsonrpc":"2.0","id":"{id}","result":{{"found":true,"value":[1.5,"x",null]}}}}"#
+    ));
+    assert_eq!(
+        caller.join().unwrap().unwrap(),
+        json!({"found": true, "value": [1.5, "x", null]})
+    );
+    let caller = {
+        let connection = connection.clone();
+        thread::spawn(move || connection.call("ses_t", 4, "kv.get", json!({"key": "k"})))
+    };
+    let id = out.json()["id"].as_str().unwrap().to_owned();
+    answer(&format!(
+        r#"{{"jsonrpc":"2.0","id":"{id}","error":{{"code":-32000,"message":"no","data":{{"code":"activation_closed","fatal":true}}}}}}"#
+    ));
+    let error = caller.join().unwrap().expect_err("an error answer");
+    assert_eq!(error.code, "activation_closed");
+    assert!(error.fatal);
+
+    drop(to_harness);
+    connection.close();
+    drop(connection);
+    assert!(out.until_eof().is_empty());
+    threads.join().unwrap();
+}
+
+#[test]
 fn the_low_level_connection_skips_bad_lines_and_fails_calls_after_close() {
     let (harness_reads, mut to_harness) = std::io::pipe().unwrap();
     let (from_harness, harness_writes) = std::io::pipe().unwrap();

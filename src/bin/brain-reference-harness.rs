@@ -34,8 +34,8 @@
 use brain::harness::{Activation, CallError, Handler, HandlerError, serve};
 use brain::protocol::harness::{
     Block, Capabilities, Event, Identity, InitializeParams, InitializeResult, Message,
-    ModelCallResult, ModelRequest, ModelResult, PROTOCOL, Role, RunInput, RunParams, StopReason,
-    ToolCallInput, ToolCallResult, ToolDefinition, TranscriptSetInput,
+    ModelCallResult, ModelResult, PROTOCOL, Role, RunInput, RunParams, SequenceResult, StopReason,
+    ToolCallResult, ToolDefinition,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -130,10 +130,12 @@ impl Handler for Reference {
         };
 
         checkpoint(activation)?;
-        let saved = TranscriptSetInput {
-            messages: transcript,
-        };
-        activation.call("transcript.set", to_json(&saved)?)?;
+        activation.call_typed::<_, SequenceResult>(
+            "transcript.set",
+            &TranscriptSetWire {
+                messages: &transcript,
+            },
+        )?;
         let state = NativeState {
             turns: state.turns.saturating_add(1),
             last_sequence: Some(params.sequence),
@@ -200,17 +202,12 @@ fn model(
     tools: &[ToolDefinition],
 ) -> Result<ModelResult, HandlerError> {
     checkpoint(activation)?;
-    let request = ModelRequest {
-        system: None,
-        messages: transcript.to_vec(),
-        tools: Some(tools.to_vec()),
-        max_output_tokens: None,
-        options: None,
+    // No `system`: Brain applies the session's.
+    let request = ModelRequestWire {
+        messages: transcript,
+        tools,
     };
-    let answer = activation.call("model", to_json(&request)?)?;
-    let answer: ModelCallResult = serde_json::from_value(answer).map_err(|error| {
-        HandlerError::harness(format!("Brain's model answer is malformed: {error}"))
-    })?;
+    let answer: ModelCallResult = activation.call_typed("model", &request)?;
     Ok(answer.result)
 }
 
@@ -223,18 +220,9 @@ fn tool(
     input: &Value,
 ) -> Result<Block, HandlerError> {
     checkpoint(activation)?;
-    let call = ToolCallInput {
-        name: name.to_owned(),
-        input: input.clone(),
-        environment: None,
-    };
-    let (content, is_error) = match activation.call("tool", to_json(&call)?) {
-        Ok(answer) => {
-            let answer: ToolCallResult = serde_json::from_value(answer).map_err(|error| {
-                HandlerError::harness(format!("Brain's tool answer is malformed: {error}"))
-            })?;
-            (answer.result.content, answer.result.is_error)
-        }
+    let call = ToolCallWire { name, input };
+    let (content, is_error) = match activation.call_typed::<_, ToolCallResult>("tool", &call) {
+        Ok(answer) => (answer.result.content, answer.result.is_error),
         Err(error) if error.fatal => return Err(error.into()),
         Err(CallError { code, message, .. }) => {
             log::info!("tool {name} failed ({code}): {message}");
@@ -249,9 +237,25 @@ fn tool(
     })
 }
 
-fn to_json(value: &impl Serialize) -> Result<Value, HandlerError> {
-    serde_json::to_value(value)
-        .map_err(|error| HandlerError::harness(format!("encoding a callback failed: {error}")))
+/// A `model` input (`ModelRequest`'s wire form) that borrows the transcript instead of
+/// copying it into a request.
+#[derive(Serialize)]
+struct ModelRequestWire<'a> {
+    messages: &'a [Message],
+    tools: &'a [ToolDefinition],
+}
+
+/// A `tool` input (`ToolCallInput`'s wire form, no environment), borrowed.
+#[derive(Serialize)]
+struct ToolCallWire<'a> {
+    name: &'a str,
+    input: &'a Value,
+}
+
+/// A `transcript.set` input (`TranscriptSetInput`'s wire form), borrowed.
+#[derive(Serialize)]
+struct TranscriptSetWire<'a> {
+    messages: &'a [Message],
 }
 
 /// The harness's own state in the session's `state_dir`: how many runs completed, and the sequence

@@ -4,6 +4,8 @@ use super::connection::Connection;
 use super::error::CallError;
 use crate::cancel::CancelToken;
 use crate::protocol::jsonrpc::RequestId;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 /// One activation (one `run` request) being executed by a [`Handler`](super::Handler).
@@ -90,9 +92,22 @@ impl Activation {
     /// # Errors
     /// As [`Connection::call`].
     pub fn call(&self, method: &str, input: Value) -> Result<Value, CallError> {
+        self.call_typed(method, &input)
+    }
+
+    /// As [`call`](Self::call), typed both ways: see [`Connection::call_typed`]. E.g.
+    /// `call_typed::<_, ModelCallResult>("model", &request)`.
+    ///
+    /// # Errors
+    /// As [`Connection::call_typed`].
+    pub fn call_typed<I: Serialize + ?Sized, O: DeserializeOwned>(
+        &self,
+        method: &str,
+        input: &I,
+    ) -> Result<O, CallError> {
         let result = self
             .connection
-            .call(&self.session_id, self.sequence, method, input);
+            .call_typed(&self.session_id, self.sequence, method, input);
         if let Err(error) = &result
             && error.fatal
         {

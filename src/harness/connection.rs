@@ -7,7 +7,8 @@ use crate::protocol::harness::method;
 use crate::protocol::jsonrpc::{self, Request, RequestId, RpcError};
 use crossbeam_channel::{Receiver, Sender};
 use serde::Serialize;
-use serde_json::{Value, json};
+use serde::de::DeserializeOwned;
+use serde_json::Value;
 use std::io::{Read, Write};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -146,14 +147,38 @@ impl Connection {
         method: &str,
         input: Value,
     ) -> Result<Value, CallError> {
+        self.call_typed(session_id, sequence, method, &input)
+    }
+
+    /// As [`call`](Self::call), with the input encoded straight from `input` and the answer's
+    /// result typed as `O` straight from its JSON text: no `Value` tree on either side. Use the
+    /// protocol's result types (`ModelCallResult`, `SequenceResult`, …) or `Value`.
+    ///
+    /// # Errors
+    /// As [`call`](Self::call); and [`CallError::INVALID_RESPONSE`] (not fatal) when the result is
+    /// not an `O`.
+    pub fn call_typed<I: Serialize + ?Sized, O: DeserializeOwned>(
+        &self,
+        session_id: &str,
+        sequence: u64,
+        method: &str,
+        input: &I,
+    ) -> Result<O, CallError> {
+        #[derive(Serialize)]
+        struct Params<'a, I: ?Sized> {
+            session_id: &'a str,
+            sequence: u64,
+            method: &'a str,
+            input: &'a I,
+        }
         let n = self.next_call.fetch_add(1, Ordering::Relaxed);
         let id = RequestId::Str(format!("c{n}"));
-        let params = json!({
-            "session_id": session_id,
-            "sequence": sequence,
-            "method": method,
-            "input": input,
-        });
+        let params = Params {
+            session_id,
+            sequence,
+            method,
+            input,
+        };
         let line = jsonrpc::encode_request(&id, method::BRAIN_CALL, &params);
         let limit = self.outgoing_limit.load(Ordering::Relaxed);
         if line.len() as u64 > limit {
@@ -168,7 +193,9 @@ impl Connection {
             return Err(self.closed_error());
         }
         match answer.wait() {
-            Some(Ok(result)) => Ok(result),
+            Some(Ok(result)) => serde_json::from_str(result.get()).map_err(|error| {
+                CallError::invalid_response(format!("the answer to {method} is malformed: {error}"))
+            }),
             Some(Err(error)) => Err(CallError::from_rpc(error)),
             None => Err(self.closed_error()),
         }

@@ -74,6 +74,15 @@ impl CallError {
         }
     }
 
+    pub(crate) fn invalid_response(message: String) -> CallError {
+        CallError {
+            code: CallError::INVALID_RESPONSE.to_owned(),
+            fatal: false,
+            message,
+            data: None,
+        }
+    }
+
     pub(crate) fn too_large(length: usize, limit: u64) -> CallError {
         CallError {
             code: CallError::INPUT_TOO_LARGE.to_owned(),

@@ -6,7 +6,7 @@
 
 use super::pending::Pending;
 use crate::protocol::framing::{Frame, LineReader};
-use crate::protocol::jsonrpc::{self, Message, Request};
+use crate::protocol::jsonrpc::{self, Message, Request, RpcError};
 use crossbeam_channel::{Receiver, Sender};
 use std::io::{self, Read, Write};
 use std::sync::Arc;
@@ -106,6 +106,13 @@ fn read_loop<R: Read>(
 }
 
 fn dispatch(line: &[u8], requests: &Sender<Request>, pending: &Pending) {
+    // The common case, an answer to a brain/call, stays JSON text for its caller to type.
+    if let Some((id, result)) = jsonrpc::decode_result(line) {
+        if !pending.complete(&id, Ok(result)) {
+            log::warn!("ignoring a response to id {id} that has no pending call");
+        }
+        return;
+    }
     match jsonrpc::decode(line) {
         Ok(Message::Request(request)) => {
             if requests.send(request).is_err() {
@@ -113,7 +120,14 @@ fn dispatch(line: &[u8], requests: &Sender<Request>, pending: &Pending) {
             }
         }
         Ok(Message::Response(response)) => {
-            if let Err(response) = pending.complete(response) {
+            let outcome = response.outcome.and_then(|result| {
+                serde_json::value::to_raw_value(&result).map_err(|error| RpcError {
+                    code: -32603,
+                    message: format!("re-encoding the result failed: {error}"),
+                    data: None,
+                })
+            });
+            if !pending.complete(&response.id, outcome) {
                 log::warn!(
                     "ignoring a response to id {} that has no pending call",
                     response.id

@@ -11,6 +11,12 @@
 //!   [`Connection::respond`] from any thread, and [`Connection::call`], which blocks until Brain
 //!   answers and fails at once — never hangs — when the connection closes.
 //!
+//! `call` takes and returns `serde_json::Value`s. [`Activation::call_typed`] (and
+//! [`Connection::call_typed`]) encode the input from any `Serialize` value — a struct that borrows
+//! the transcript, say — and type the answer straight from its JSON text
+//! (`ModelCallResult`, `SequenceResult`, …): no `Value` tree is built on either side, which is
+//! most of what a callback costs a harness.
+//!
 //! Diagnostics go through the `log` crate; a harness binary should log to stderr (stdout is the
 //! protocol).
 //!

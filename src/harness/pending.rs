@@ -5,13 +5,14 @@
 //! once, and no caller can register after the close and then wait forever.
 
 use crate::handoff::Promise;
-use crate::protocol::jsonrpc::{RequestId, Response, RpcError};
+use crate::protocol::jsonrpc::{RequestId, RpcError};
 use parking_lot::Mutex;
-use serde_json::Value;
+use serde_json::value::RawValue;
 use std::collections::HashMap;
 
-/// What a caller receives: the response's outcome.
-pub(crate) type Answer = Result<Value, RpcError>;
+/// What a caller receives: the response's outcome, the result still as JSON text (the caller
+/// types it).
+pub(crate) type Answer = Result<Box<RawValue>, RpcError>;
 
 #[derive(Default)]
 pub(crate) struct Pending {
@@ -41,14 +42,14 @@ impl Pending {
         self.state.lock().calls.remove(id);
     }
 
-    /// Hands a response to its caller. Returns the response back when no call has its id (never
-    /// sent, or already answered): a violation for the caller to log.
-    pub(crate) fn complete(&self, response: Response) -> Result<(), Response> {
-        let Some(answer) = self.state.lock().calls.remove(&response.id) else {
-            return Err(response);
+    /// Hands the answer to call `id` to its caller. False when no call has that id (never sent,
+    /// or already answered): a violation for the caller to log.
+    pub(crate) fn complete(&self, id: &RequestId, outcome: Answer) -> bool {
+        let Some(answer) = self.state.lock().calls.remove(id) else {
+            return false;
         };
-        answer.deliver(response.outcome);
-        Ok(())
+        answer.deliver(outcome);
+        true
     }
 
     /// Marks the map closed (the first reason wins) and fails every waiting call at once.

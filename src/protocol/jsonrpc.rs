@@ -6,6 +6,7 @@
 //! `result`/`error`) and lenient about everything else: unknown members are ignored.
 
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use std::fmt;
 
@@ -208,6 +209,34 @@ fn decode_response(mut object: Map<String, Value>) -> Result<Message, Violation>
     Ok(Message::Response(Response { id, outcome }))
 }
 
+/// Decodes a line that is a well-formed JSON-RPC 2.0 success response, keeping the result as
+/// JSON text (no `Value` tree). `None` for any other line: decode those with [`decode`], which
+/// names what is wrong. For every line this accepts, `decode` gives a response with the same id
+/// and that result.
+pub fn decode_result(line: &[u8]) -> Option<(RequestId, Box<RawValue>)> {
+    #[derive(Deserialize)]
+    struct Wire<'a> {
+        jsonrpc: &'a str,
+        #[serde(borrow)]
+        id: &'a RawValue,
+        result: Box<RawValue>,
+        #[serde(default, deserialize_with = "present")]
+        error: bool,
+        #[serde(default, deserialize_with = "present")]
+        method: bool,
+    }
+    /// A member that is there, whatever its value (`null` included).
+    fn present<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<bool, D::Error> {
+        serde::de::IgnoredAny::deserialize(deserializer).map(|_| true)
+    }
+    let wire: Wire = serde_json::from_slice(line).ok()?;
+    if wire.jsonrpc != "2.0" || wire.error || wire.method {
+        return None;
+    }
+    let id = RequestId::from_value(&serde_json::from_str(wire.id.get()).ok()?)?;
+    Some((id, wire.result))
+}
+
 /// Encodes a request as one line (without the newline).
 pub fn encode_request(id: &RequestId, method: &str, params: &impl Serialize) -> Vec<u8> {
     #[derive(Serialize)]
@@ -291,6 +320,39 @@ mod tests {
         };
         assert_eq!(request.id, RequestId::Str("c1".into()));
         assert_eq!(request.params, Value::Null);
+    }
+
+    /// The SDK reader's result path takes exactly the success responses, as `decode` reads them.
+    #[test]
+    fn the_result_path_takes_only_success_responses() {
+        for line in [
+            r#"{"jsonrpc":"2.0","id":"c1","result":{"sequence":3}}"#,
+            r#"{"result":[1,2.5,"x",null],"id":-4,"jsonrpc":"2.0","extra":{}}"#,
+            r#"{"jsonrpc":"2.0","id":7,"result":null}"#,
+        ] {
+            let (id, result) = decode_result(line.as_bytes()).expect(line);
+            let value: Value = serde_json::from_str(result.get()).unwrap();
+            assert_eq!(
+                decode_str(line),
+                Ok(Message::Response(Response {
+                    id,
+                    outcome: Ok(value)
+                })),
+                "{line}"
+            );
+        }
+        for line in [
+            r#"{"jsonrpc":"2.0","id":1,"result":{},"error":null}"#,
+            r#"{"jsonrpc":"2.0","id":1,"result":{},"method":"x"}"#,
+            r#"{"jsonrpc":"2.0","id":1.5,"result":{}}"#,
+            r#"{"jsonrpc":"1.0","id":1,"result":{}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"error":{"code":1,"message":"m"}}"#,
+            r#"{"jsonrpc":"2.0","result":{}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"result":{},"result":{}}"#,
+            "[1]",
+        ] {
+            assert!(decode_result(line.as_bytes()).is_none(), "{line}");
+        }
     }
 
     #[test]

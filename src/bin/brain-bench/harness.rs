@@ -20,8 +20,8 @@ use crate::stats::{Histogram, unix_nanos};
 use brain::harness::{Activation, CallError, Handler, HandlerError, serve};
 use brain::protocol::harness::{
     Block, Capabilities, Identity, InitializeParams, InitializeResult, Message, ModelCallResult,
-    ModelRequest, PROTOCOL, Role, RunParams, StopReason, ToolCallInput, ToolCallResult,
-    ToolDefinition, TranscriptSetInput,
+    ModelRequest, PROTOCOL, Role, RunParams, SequenceResult, StopReason, ToolCallInput,
+    ToolCallResult, ToolDefinition, TranscriptSetInput,
 };
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
@@ -145,9 +145,7 @@ fn turn(activation: &Activation) -> Result<Option<Value>, HandlerError> {
             max_output_tokens: None,
             options: None,
         };
-        let answer = activation.call("model", to_json(&request)?)?;
-        let answer: ModelCallResult = serde_json::from_value(answer)
-            .map_err(|error| HandlerError::harness(format!("model answer: {error}")))?;
+        let answer: ModelCallResult = activation.call_typed("model", &request)?;
         let message = answer.result.message;
         transcript.push(message.clone());
         let uses: Vec<(String, String, Value)> = message
@@ -170,9 +168,7 @@ fn turn(activation: &Activation) -> Result<Option<Value>, HandlerError> {
                 input,
                 environment: None,
             };
-            let answer = activation.call("tool", to_json(&call)?)?;
-            let answer: ToolCallResult = serde_json::from_value(answer)
-                .map_err(|error| HandlerError::harness(format!("tool answer: {error}")))?;
+            let answer: ToolCallResult = activation.call_typed("tool", &call)?;
             results.push(Block::ToolResult {
                 tool_use_id: id,
                 content: answer.result.content,
@@ -187,7 +183,7 @@ fn turn(activation: &Activation) -> Result<Option<Value>, HandlerError> {
     let saved = TranscriptSetInput {
         messages: transcript,
     };
-    activation.call("transcript.set", to_json(&saved)?)?;
+    activation.call_typed::<_, SequenceResult>("transcript.set", &saved)?;
     Ok(Some(json!({"text": last.text_content(), "rounds": rounds})))
 }
 
