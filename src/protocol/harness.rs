@@ -5,7 +5,6 @@
 //! requests and configuration, which are parsed elsewhere.
 
 use crate::protocol::jsonrpc::{RequestId, RpcError};
-use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
@@ -1096,36 +1095,11 @@ impl CallbackInput {
                 format!("unknown brain/call method {shown:?}"),
             ));
         };
-        fn typed<T: DeserializeOwned>(method: CallbackMethod, input: Value) -> Result<T, RpcError> {
-            serde_json::from_value(input).map_err(|error| {
-                call_error(
-                    ErrorCode::InvalidInput,
-                    format!("invalid input for {method}: {error}"),
-                )
-            })
-        }
-        Ok(match method {
-            CallbackMethod::Model => CallbackInput::Model(typed(method, input)?),
-            CallbackMethod::Tool => CallbackInput::Tool(typed(method, input)?),
-            CallbackMethod::Emit => CallbackInput::Emit(typed(method, input)?),
-            CallbackMethod::TranscriptSet => CallbackInput::TranscriptSet(typed(method, input)?),
-            CallbackMethod::KvGet => CallbackInput::KvGet(typed(method, input)?),
-            CallbackMethod::KvPut => CallbackInput::KvPut(typed(method, input)?),
-            CallbackMethod::KvDelete => CallbackInput::KvDelete(typed(method, input)?),
-            CallbackMethod::EventsRead => CallbackInput::EventsRead(typed(method, input)?),
-            CallbackMethod::Telemetry => CallbackInput::Telemetry(input),
-            CallbackMethod::EnvironmentsList => {
-                CallbackInput::EnvironmentsList(typed(method, input)?)
-            }
-            CallbackMethod::EnvironmentsGet => {
-                CallbackInput::EnvironmentsGet(typed(method, input)?)
-            }
-            CallbackMethod::EnvironmentsSetup => {
-                CallbackInput::EnvironmentsSetup(typed(method, input)?)
-            }
-            CallbackMethod::EnvironmentsCall => {
-                CallbackInput::EnvironmentsCall(typed(method, input)?)
-            }
+        CallbackInput::typed(method, input).map_err(|error| {
+            call_error(
+                ErrorCode::InvalidInput,
+                format!("invalid input for {method}: {error}"),
+            )
         })
     }
 
@@ -1135,35 +1109,49 @@ impl CallbackInput {
     /// object keys, which typing from text refuses, are read as `decode` reads them: the last
     /// wins).
     pub fn decode_json(method: &str, input: &RawValue) -> Result<CallbackInput, RpcError> {
-        let Ok(known) = method.parse::<CallbackMethod>() else {
-            return CallbackInput::decode(method, Value::Null);
-        };
-        let text = input.get();
-        fn typed<T: DeserializeOwned>(text: &str) -> Option<T> {
-            serde_json::from_str(text).ok()
-        }
-        let fast = match known {
-            CallbackMethod::Model => typed(text).map(CallbackInput::Model),
-            CallbackMethod::Tool => typed(text).map(CallbackInput::Tool),
-            CallbackMethod::Emit => typed(text).map(CallbackInput::Emit),
-            CallbackMethod::TranscriptSet => typed(text).map(CallbackInput::TranscriptSet),
-            CallbackMethod::KvGet => typed(text).map(CallbackInput::KvGet),
-            CallbackMethod::KvPut => typed(text).map(CallbackInput::KvPut),
-            CallbackMethod::KvDelete => typed(text).map(CallbackInput::KvDelete),
-            CallbackMethod::EventsRead => typed(text).map(CallbackInput::EventsRead),
-            CallbackMethod::Telemetry => typed(text).map(CallbackInput::Telemetry),
-            CallbackMethod::EnvironmentsList => typed(text).map(CallbackInput::EnvironmentsList),
-            CallbackMethod::EnvironmentsGet => typed(text).map(CallbackInput::EnvironmentsGet),
-            CallbackMethod::EnvironmentsSetup => typed(text).map(CallbackInput::EnvironmentsSetup),
-            CallbackMethod::EnvironmentsCall => typed(text).map(CallbackInput::EnvironmentsCall),
-        };
-        match fast {
-            Some(input) => Ok(input),
-            None => {
-                let value = serde_json::from_str(text).unwrap_or(Value::Null);
-                CallbackInput::decode(method, value)
+        if let Ok(known) = method.parse::<CallbackMethod>() {
+            let mut text = serde_json::Deserializer::from_str(input.get());
+            let typed = CallbackInput::typed(known, &mut text);
+            if let Ok(typed) = typed.and_then(|typed| text.end().map(|()| typed)) {
+                return Ok(typed);
             }
         }
+        let value = serde_json::from_str(input.get()).unwrap_or(Value::Null);
+        CallbackInput::decode(method, value)
+    }
+
+    /// Types `input` — a `Value`, or JSON text — as the input of `method`.
+    fn typed<'de, D: Deserializer<'de>>(
+        method: CallbackMethod,
+        input: D,
+    ) -> Result<CallbackInput, D::Error> {
+        Ok(match method {
+            CallbackMethod::Model => CallbackInput::Model(Deserialize::deserialize(input)?),
+            CallbackMethod::Tool => CallbackInput::Tool(Deserialize::deserialize(input)?),
+            CallbackMethod::Emit => CallbackInput::Emit(Deserialize::deserialize(input)?),
+            CallbackMethod::TranscriptSet => {
+                CallbackInput::TranscriptSet(Deserialize::deserialize(input)?)
+            }
+            CallbackMethod::KvGet => CallbackInput::KvGet(Deserialize::deserialize(input)?),
+            CallbackMethod::KvPut => CallbackInput::KvPut(Deserialize::deserialize(input)?),
+            CallbackMethod::KvDelete => CallbackInput::KvDelete(Deserialize::deserialize(input)?),
+            CallbackMethod::EventsRead => {
+                CallbackInput::EventsRead(Deserialize::deserialize(input)?)
+            }
+            CallbackMethod::Telemetry => CallbackInput::Telemetry(Deserialize::deserialize(input)?),
+            CallbackMethod::EnvironmentsList => {
+                CallbackInput::EnvironmentsList(Deserialize::deserialize(input)?)
+            }
+            CallbackMethod::EnvironmentsGet => {
+                CallbackInput::EnvironmentsGet(Deserialize::deserialize(input)?)
+            }
+            CallbackMethod::EnvironmentsSetup => {
+                CallbackInput::EnvironmentsSetup(Deserialize::deserialize(input)?)
+            }
+            CallbackMethod::EnvironmentsCall => {
+                CallbackInput::EnvironmentsCall(Deserialize::deserialize(input)?)
+            }
+        })
     }
 
     /// The method this input belongs to.
@@ -1468,7 +1456,9 @@ mod tests {
     use serde_json::json;
 
     /// Parses `text` as `T`, checks that serializing gives back exactly the same JSON, returns it.
-    fn round_trip<T: DeserializeOwned + Serialize + PartialEq + fmt::Debug>(text: &str) -> T {
+    fn round_trip<T: serde::de::DeserializeOwned + Serialize + PartialEq + fmt::Debug>(
+        text: &str,
+    ) -> T {
         let original: Value = serde_json::from_str(text).unwrap();
         let typed: T = serde_json::from_value(original.clone()).unwrap();
         let again = serde_json::to_value(&typed).unwrap();
