@@ -1565,19 +1565,35 @@ impl Dispatcher {
             reply.deliver(Err(error));
             return;
         }
-        match self.record(id, RecordKind::SessionPassivated, json!({})) {
+        if self.append_lifecycle(id, RecordKind::SessionPassivated, reply) {
+            if let Some(state) = self.sessions.get_mut(id) {
+                state.lifecycle = Lifecycle::Passivated;
+            }
+            self.send_close(id, CloseReason::Passivated);
+        }
+    }
+
+    /// Appends a lifecycle record (passivated, closed) whose durability answers `reply`. False,
+    /// with `reply` answered with the failure, when the journal refused it.
+    fn append_lifecycle(
+        &mut self,
+        id: &SessionId,
+        kind: RecordKind,
+        reply: Reply<SessionInfo>,
+    ) -> bool {
+        match self.record(id, kind, json!({})) {
             Ok(sequence) => {
                 let token = DurableToken::Lifecycle {
                     session: id.clone(),
                     reply,
                 };
                 self.when_durable(id, sequence, token);
-                if let Some(state) = self.sessions.get_mut(id) {
-                    state.lifecycle = Lifecycle::Passivated;
-                }
-                self.send_close(id, CloseReason::Passivated);
+                true
             }
-            Err(error) => reply.deliver(Err(journal_error(error))),
+            Err(error) => {
+                reply.deliver(Err(journal_error(error)));
+                false
+            }
         }
     }
 
@@ -1623,21 +1639,13 @@ impl Dispatcher {
             .sessions
             .get(id)
             .is_some_and(|s| s.lifecycle != Lifecycle::Passivated);
-        match self.record(id, RecordKind::SessionClosed, json!({})) {
-            Ok(sequence) => {
-                let token = DurableToken::Lifecycle {
-                    session: id.clone(),
-                    reply,
-                };
-                self.when_durable(id, sequence, token);
-                if let Some(state) = self.sessions.get_mut(id) {
-                    state.lifecycle = Lifecycle::Closed;
-                }
-                if holds_memory {
-                    self.send_close(id, CloseReason::Closed);
-                }
+        if self.append_lifecycle(id, RecordKind::SessionClosed, reply) {
+            if let Some(state) = self.sessions.get_mut(id) {
+                state.lifecycle = Lifecycle::Closed;
             }
-            Err(error) => reply.deliver(Err(journal_error(error))),
+            if holds_memory {
+                self.send_close(id, CloseReason::Closed);
+            }
         }
     }
 
