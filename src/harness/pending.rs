@@ -1,7 +1,7 @@
 //! The harness's outstanding `brain/call` requests: id → the promise of its answer.
 //!
 //! Kept apart from the transport (as lsp-server's `req_queue.rs` does). Closing is one step under the
-//! lock: it marks the map closed and drops every waiting sender, so each blocked caller wakes at
+//! lock: it marks the map closed and drops every waiting promise, so each blocked caller wakes at
 //! once, and no caller can register after the close and then wait forever.
 
 use crate::handoff::Promise;
