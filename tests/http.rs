@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::http::{Reply, Sse, connect, encode, read_reply};
+use common::http::{Reply, Sse, authorised, connect, encode, exchange, read_reply};
 
 use brain::http::{HttpOptions, HttpServer};
 use brain::{Brain, Registration};
@@ -49,13 +49,6 @@ fn serve(registrations: Vec<Registration>, tag: &str, options: HttpOptions) -> S
     }
 }
 
-/// Sends raw bytes on a fresh connection and reads one response.
-fn exchange(addr: SocketAddr, raw: &[u8]) -> Reply {
-    let stream = connect(addr);
-    (&stream).write_all(raw).expect("send the request");
-    read_reply(&mut BufReader::new(stream)).expect("a response")
-}
-
 fn bearer() -> String {
     format!("Bearer {TOKEN}")
 }
@@ -73,14 +66,7 @@ impl Server {
         headers: &[(&str, &str)],
         body: Option<Value>,
     ) -> Reply {
-        let auth = bearer();
-        let mut all = vec![("authorization", auth.as_str()), ("connection", "close")];
-        let body = body.map(|b| b.to_string().into_bytes()).unwrap_or_default();
-        if !body.is_empty() {
-            all.push(("content-type", "application/json"));
-        }
-        all.extend_from_slice(headers);
-        exchange(self.addr, &encode(method, path, &all, &body))
+        exchange(self.addr, &authorised(TOKEN, method, path, headers, body))
     }
 
     fn create(&self, registration: &str, configuration: Value) -> String {

@@ -3,7 +3,7 @@
 //! and tests/security.rs.
 
 use serde_json::Value;
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 
 #[derive(Debug)]
@@ -204,6 +204,32 @@ pub fn connect(address: SocketAddr) -> TcpStream {
         .set_write_timeout(Some(super::WAIT))
         .expect("write timeout");
     stream
+}
+
+/// Sends raw bytes on a fresh connection and reads one response.
+pub fn exchange(address: SocketAddr, raw: &[u8]) -> Reply {
+    let stream = connect(address);
+    (&stream).write_all(raw).expect("send the request");
+    read_reply(&mut BufReader::new(stream)).expect("a response")
+}
+
+/// The bytes of a request with `token` as its bearer token and `Connection: close`; a body is
+/// sent as JSON. `headers` come after those.
+pub fn authorised(
+    token: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<Value>,
+) -> Vec<u8> {
+    let auth = format!("Bearer {token}");
+    let mut all = vec![("authorization", auth.as_str()), ("connection", "close")];
+    let body = body.map(|b| b.to_string().into_bytes()).unwrap_or_default();
+    if !body.is_empty() {
+        all.push(("content-type", "application/json"));
+    }
+    all.extend_from_slice(headers);
+    encode(method, path, &all, &body)
 }
 
 /// Encodes a request; `headers` come after Host and before Content-Length.

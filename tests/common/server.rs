@@ -3,13 +3,13 @@
 //! HTTP/1.1 on fresh connections, stopped with real signals, and killed and reaped with its
 //! workers when the test ends, pass or fail. Shared by tests/serve_e2e.rs and tests/soak.rs.
 
-use super::http::{Reply, read_reply};
+use super::http::Reply;
 use super::{BRAIN, WAIT, all_pids, not_running, parent_of};
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::Value;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::process::{Command, ExitStatus, Stdio};
@@ -241,9 +241,7 @@ impl Served {
 
     /// Sends raw bytes on a fresh connection and reads one response.
     pub fn exchange(&self, raw: &[u8]) -> Reply {
-        let stream = self.connect();
-        (&stream).write_all(raw).expect("send the request");
-        read_reply(&mut BufReader::new(stream)).expect("a response")
+        super::http::exchange(self.addr, raw)
     }
 
     /// An authorised request with a JSON body (if any).
@@ -269,14 +267,7 @@ impl Served {
         headers: &[(&str, &str)],
         body: Option<Value>,
     ) -> Vec<u8> {
-        let auth = self.bearer();
-        let mut all = vec![("authorization", auth.as_str())];
-        let body = body.map(|b| b.to_string().into_bytes()).unwrap_or_default();
-        if !body.is_empty() {
-            all.push(("content-type", "application/json"));
-        }
-        all.extend_from_slice(headers);
-        encode(method, path, &all, &body)
+        super::http::authorised(&self.token, method, path, headers, body)
     }
 }
 
