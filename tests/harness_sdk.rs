@@ -841,81 +841,67 @@ fn a_typed_call_encodes_its_input_and_types_the_answer() {
         key: &'a str,
         value: &'a [u32],
     }
-    let mut answer = |line: &str| {
+    // Answers `call` with `member` (`"result":…` or `"error":…`).
+    let mut answer = |call: &Value, member: &str| {
+        let id = call["id"].as_str().expect("a string call id");
+        let line = format!(r#"{{"jsonrpc":"2.0","id":"{id}",{member}}}"#);
         to_harness.write_all(line.as_bytes()).unwrap();
         to_harness.write_all(b"\n").unwrap();
     };
+    /// Makes `call` on its own thread, as a harness's run thread would.
+    fn in_thread<T: Send + 'static>(
+        connection: &Connection,
+        call: impl FnOnce(&Connection) -> T + Send + 'static,
+    ) -> thread::JoinHandle<T> {
+        let connection = connection.clone();
+        thread::spawn(move || call(&connection))
+    }
+    type Sequence = brain::protocol::harness::SequenceResult;
 
     // The input is encoded as given; a well-formed answer is typed.
-    let caller = {
-        let connection = connection.clone();
-        thread::spawn(move || {
-            connection.call_typed::<_, brain::protocol::harness::SequenceResult>(
-                "ses_t",
-                4,
-                "kv.put",
-                &Put {
-                    key: "k",
-                    value: &[1, 2],
-                },
-            )
-        })
-    };
+    let caller = in_thread(&connection, |c| {
+        let input = Put {
+            key: "k",
+            value: &[1, 2],
+        };
+        c.call_typed::<_, Sequence>("ses_t", 4, "kv.put", &input)
+    });
     let call = out.json();
     assert_eq!(
         call["params"],
         json!({"session_id": "ses_t", "sequence": 4, "method": "kv.put",
                "input": {"key": "k", "value": [1, 2]}})
     );
-    let id = call["id"].as_str().unwrap().to_owned();
-    answer(&format!(
-        r#"{{"jsonrpc":"2.0","id":"{id}","result":{{"sequence":17}}}}"#
-    ));
+    answer(&call, r#""result":{"sequence":17}"#);
     let typed = caller.join().unwrap().expect("the typed answer");
     assert_eq!(typed.sequence, 17);
 
     // An answer that is not the type asked for fails `invalid_response`, not fatal.
-    let caller = {
-        let connection = connection.clone();
-        thread::spawn(move || {
-            connection.call_typed::<_, brain::protocol::harness::SequenceResult>(
-                "ses_t",
-                4,
-                "kv.delete",
-                &json!({"key": "k"}),
-            )
-        })
-    };
-    let id = out.json()["id"].as_str().unwrap().to_owned();
-    answer(&format!(
-        r#"{{"jsonrpc":"2.0","id":"{id}","result":{{"sequence":"x"}}}}"#
-    ));
+    let caller = in_thread(&connection, |c| {
+        c.call_typed::<_, Sequence>("ses_t", 4, "kv.delete", &json!({"key": "k"}))
+    });
+    answer(&out.json(), r#""result":{"sequence":"x"}"#);
     let error = caller.join().unwrap().expect_err("a malformed answer");
     assert_eq!(error.code, CallError::INVALID_RESPONSE);
     assert!(!error.fatal);
     assert!(error.message.contains("kv.delete"), "{}", error.message);
 
     // The untyped call still hands back the result as JSON, errors as errors.
-    let caller = {
-        let connection = connection.clone();
-        thread::spawn(move || connection.call("ses_t", 4, "kv.get", json!({"key": "k"})))
-    };
-    let id = out.json()["id"].as_str().unwrap().to_owned();
-    answer(&format!(
-        r#"{{"jsonrpc":"2.0","id":"{id}","result":{{"found":true,"value":[1.5,"x",null]}}}}"#
-    ));
+    let get = |c: &Connection| c.call("ses_t", 4, "kv.get", json!({"key": "k"}));
+    let caller = in_thread(&connection, get);
+    answer(
+        &out.json(),
+        r#""result":{"found":true,"value":[1.5,"x",null]}"#,
+    );
     assert_eq!(
         caller.join().unwrap().unwrap(),
         json!({"found": true, "value": [1.5, "x", null]})
     );
-    let caller = {
-        let connection = connection.clone();
-        thread::spawn(move || connection.call("ses_t", 4, "kv.get", json!({"key": "k"})))
-    };
-    let id = out.json()["id"].as_str().unwrap().to_owned();
-    answer(&format!(
-        r#"{{"jsonrpc":"2.0","id":"{id}","error":{{"code":-32000,"message":"no","data":{{"code":"activation_closed","fatal":true}}}}}}"#
-    ));
+    let caller = in_thread(&connection, get);
+    answer(
+        &out.json(),
+        r#""error":{"code":-32000,"message":"no","data":{"code":"activation_closed","fatal":true}}"#,
+    );
     let error = caller.join().unwrap().expect_err("an error answer");
     assert_eq!(error.code, "activation_closed");
     assert!(error.fatal);
