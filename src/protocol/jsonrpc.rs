@@ -214,6 +214,10 @@ fn decode_response(mut object: Map<String, Value>) -> Result<Message, Violation>
 /// names what is wrong. For every line this accepts, `decode` gives a response with the same id
 /// and that result.
 pub fn decode_result(line: &[u8]) -> Option<(RequestId, Box<RawValue>)> {
+    // A request (a `run` with its transcript, say) would be scanned whole before the typed parse
+    // failed, and then parsed again by `decode`. Without these bytes the line is left to
+    // `decode`, which reads an escaped member name as this function would.
+    memchr::memmem::find(line, br#""result""#)?;
     #[derive(Deserialize)]
     struct Wire<'a> {
         jsonrpc: &'a str,
