@@ -13,7 +13,7 @@ use crate::cancel::CancelToken;
 use crate::dispatch::{Dispatcher, Internal};
 use crate::effects::{Effects, EnvironmentSpec, ModelCall, ToolCall};
 use crate::handoff::WorkQueue;
-use crate::journal::{Journal, JournalError, NewRecord, append_durable};
+use crate::journal::{Journal, JournalError, NewRecord};
 use crate::metrics::Metrics;
 use crate::pool::Deadline;
 use crate::protocol::harness::{
@@ -155,7 +155,9 @@ fn append(
     if data.get("outcome") == Some(&json!("unknown")) {
         job.metrics.unknown_outcome();
     }
-    append_durable(journal, &job.session, NewRecord { kind, data, origin }).map_err(journal_failed)
+    journal
+        .append_durable(&job.session, NewRecord { kind, data, origin })
+        .map_err(journal_failed)
 }
 
 fn sequence_answer(job: &Job, sequence: u64) -> Result<Vec<u8>, RpcError> {

@@ -13,7 +13,7 @@
 //! Every record written here is durable before the session is used.
 
 use crate::config::Registration;
-use crate::journal::{Journal, JournalError, NewRecord, SessionStatus as Stored, append_durable};
+use crate::journal::{Journal, JournalError, NewRecord, SessionStatus as Stored};
 use crate::protocol::harness::{ErrorCode, ModelMetadata, RecordKind};
 use crate::session::{CreateSession, SessionId};
 use crate::sessions::{Lifecycle, SessionSpec, SessionState};
@@ -100,8 +100,7 @@ pub(crate) fn recover_session(
             log::warn!("session {id}: unfinished effect {started} has no started record");
             continue;
         };
-        append_durable(
-            journal,
+        journal.append_durable(
             id,
             NewRecord {
                 kind,
@@ -126,8 +125,7 @@ pub(crate) fn recover_session(
                    "code": ErrorCode::Interrupted.as_str(),
                    "message": "Brain stopped while the activation was queued"})
         };
-        append_durable(
-            journal,
+        journal.append_durable(
             id,
             NewRecord {
                 kind: RecordKind::ActivationFinished,

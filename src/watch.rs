@@ -68,6 +68,14 @@ impl Journal for WatchedJournal {
         self.inner.on_durable(session, sequence, done)
     }
 
+    fn append_durable(&self, session: &SessionId, record: NewRecord) -> Result<u64, JournalError> {
+        // Bumped even on failure: the record may have been appended (and readable) before its
+        // flush failed, and a spurious wake-up only makes a reader look again.
+        let appended = self.inner.append_durable(session, record);
+        self.bump();
+        appended
+    }
+
     fn read(
         &self,
         session: &SessionId,

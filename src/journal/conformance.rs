@@ -3,7 +3,7 @@
 
 use super::{
     DiskJournal, DiskJournalOptions, Journal, JournalError, MemoryJournal, NewRecord,
-    SessionStatus, SessionView, append_durable, apply,
+    SessionStatus, SessionView, apply,
 };
 use crate::protocol::harness::{Event, EventOrigin, OriginKind, RecordKind};
 use crate::session::SessionId;
@@ -366,12 +366,9 @@ fn every_call_naming_a_deleted_or_unknown_session_fails_unknown_session(journal:
         unknown(journal.kv_get(&gone, "k").map(drop));
         unknown(journal.delete(&gone));
         unknown(
-            append_durable(
-                &*journal,
-                &gone,
-                record(RecordKind::KvDelete, json!({"key": "k"})),
-            )
-            .map(drop),
+            journal
+                .append_durable(&gone, record(RecordKind::KvDelete, json!({"key": "k"})))
+                .map(drop),
         );
         unknown(durable(&*journal, &gone, 1));
     }
@@ -387,9 +384,9 @@ fn append_durable_returns_the_sequence(journal: Arc<dyn Journal>) {
     let session = id(0);
     journal.create(&session, created()).unwrap();
     let kv = record(RecordKind::KvSet, json!({"key": "k", "value": 1}));
-    assert_eq!(append_durable(&*journal, &session, kv).unwrap(), 2);
+    assert_eq!(journal.append_durable(&session, kv).unwrap(), 2);
     let kv = record(RecordKind::KvDelete, json!({"key": "k"}));
-    assert_eq!(append_durable(&*journal, &session, kv).unwrap(), 3);
+    assert_eq!(journal.append_durable(&session, kv).unwrap(), 3);
 }
 
 fn on_durable_calls_back_once_without_holding_locks(journal: Arc<dyn Journal>) {
@@ -410,10 +407,10 @@ fn on_durable_calls_back_once_without_holding_locks(journal: Arc<dyn Journal>) {
         Box::new(move |result| {
             result.unwrap();
             counter.fetch_add(1, Ordering::SeqCst);
-            // The journal's locks are free: the callback may use it (this would deadlock
-            // otherwise).
+            // The journal's locks are free, the flusher's too: the callback may use it, even
+            // to wait for durability (this would deadlock otherwise).
             inner
-                .append(&id, record(RecordKind::KvDelete, json!({"key": "k"})))
+                .append_durable(&id, record(RecordKind::KvDelete, json!({"key": "k"})))
                 .unwrap();
             inner.view(&id).unwrap();
             sender.send(()).unwrap();
@@ -450,7 +447,7 @@ fn concurrent_appends_produce_gapless_ordered_sequences(journal: Arc<dyn Journal
                     let sequence = if i % 2 == 0 {
                         journal.append(session, record(RecordKind::KvSet, data))
                     } else {
-                        append_durable(&**journal, session, record(RecordKind::KvSet, data))
+                        journal.append_durable(session, record(RecordKind::KvSet, data))
                     }
                     .unwrap();
                     assert!(sequence > last);

@@ -15,19 +15,27 @@
 //! - **Locks**, never held across `fsync`: the session map (a read-write lock, held only to find,
 //!   insert or remove a session), one mutex per session (its sequence is assigned, its frame
 //!   placed and its projections updated under it, so its order on disk is its sequence order),
-//!   and the placement lock (a few arithmetic steps and a channel send). Nesting: a session's
+//!   and the placement lock (a few arithmetic steps and a push onto the queue). Nesting: a session's
 //!   mutex, then the map (only `delete`, while it places its tombstone), then the placement lock;
 //!   `create` places its first record under the map's write lock, so a re-created session's
 //!   records always follow the tombstone of the deleted one. Nobody waits for a session's mutex
-//!   while holding the map. The waiter list, the descriptor cache and the eviction queue are
-//!   leaves. Callbacks run with no lock held.
-//! - **The writer** (`brain-journal`) drains its channel, writes what it drained with positioned
-//!   writes, calls `sync_data` once, then runs the callbacks it covered. Under load, more frames
-//!   arrive while it flushes, so the next batch is larger: batches grow with load. Before it
-//!   starts a new segment it flushes the old one, creates the new file and fsyncs the
-//!   directory, so only the last segment can ever have a torn tail. A failed write or flush is
-//!   fatal: it is logged, never retried, every waiting callback and every later append, create,
-//!   delete and flush fails with `journal_failed`.
+//!   while holding the map. The flusher is only ever tried, never waited for, and while held it
+//!   takes the placement lock and the waiter list briefly. The waiter list, the writer's signal,
+//!   the descriptor cache and the eviction queue are leaves. Callbacks run with no lock held.
+//! - **Flushing** (leader/follower). Placed frames wait in the log's queue, in log order. One
+//!   thread at a time holds the flusher (the active segment): it takes the whole queue, writes it
+//!   with positioned writes (taking what was queued meanwhile too), calls `sync_data` once, lets
+//!   go of the flusher, runs the callbacks it covered, and looks at the queue again. A thread in
+//!   [`Journal::append_durable`] flushes its own frame this way when nobody else is flushing, so
+//!   at one record in flight a durable append costs a write and an `fdatasync` on the caller's
+//!   thread and no hand-off; when somebody is flushing it waits for that thread. Frames appended
+//!   with [`Journal::append`], `create` and `delete` wake the writer thread (`brain-journal`),
+//!   which flushes until the queue is empty; a caller of `append_durable` that finds the queue
+//!   refilled after its flush wakes the writer too, so under load the writer carries the batches,
+//!   which grow with load (group commit), and callers go back to their own work. Before a new segment is started the old one is flushed, the
+//!   new file created and the directory fsynced, so only the last segment can ever have a torn
+//!   tail. A failed write or flush is fatal: it is logged, never retried, every waiting callback
+//!   and every later append, create, delete and flush fails with `journal_failed`.
 //! - **Memory.** Per live session the journal keeps the place of each record (16 bytes a record),
 //!   its last timestamp, and the records appended but not yet written (dropped once written).
 //!   Projections ([`SessionView`]) and the list of pending events are built from disk on first
@@ -47,8 +55,7 @@ use super::segment::{self, Loc, SegmentTable};
 use super::{DurableCallback, Journal, JournalError, NewRecord, SessionView, apply};
 use crate::protocol::harness::{Event, OriginKind, RecordKind};
 use crate::session::SessionId;
-use crossbeam_channel::{Receiver, Sender};
-use parking_lot::{Mutex, RwLock};
+use parking_lot::{Condvar, Mutex, RwLock};
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fs::{DirBuilder, File, OpenOptions};
@@ -67,9 +74,12 @@ pub const MIN_SEGMENT_SIZE: u64 = 1024;
 /// The largest segment size [`DiskJournalOptions::segment_size`] accepts (larger is lowered).
 pub const MAX_SEGMENT_SIZE: u64 = 1 << 30;
 
-/// The most bytes of frames the writer takes into one batch before it flushes.
-const BATCH_BYTES: usize = 16 << 20;
-/// The writer writes its buffer out whenever it holds this much.
+/// The flusher writes its buffer out whenever it holds this much.
+/// How far ahead of the frames the active segment is filled with zeros. Overwriting blocks
+/// that are already allocated and written lets `fdatasync` flush data alone, without the inode
+/// (its size and extents), which makes each flush about a third cheaper on ext4; the file grows
+/// once a mebibyte instead of with every batch.
+const ZERO_AHEAD: u64 = 1 << 20;
 const WRITE_CHUNK: usize = 4 << 20;
 
 /// Tuning of a [`DiskJournal`]. [`Default`] gives the production values.
@@ -117,7 +127,8 @@ pub struct JournalStats {
     pub batches: u64,
     /// Directory fsyncs (a segment created, compaction removing one, the directory created).
     pub directory_syncs: u64,
-    /// Bytes written to segment files.
+    /// Bytes of frames and segment headers written to segment files (not counting the zeros
+    /// written ahead of them).
     pub bytes: u64,
     /// Segment files on disk, as far as the journal knows.
     pub segments: usize,
@@ -140,15 +151,17 @@ pub struct CompactionReport {
 /// documentation for what "durable" means and how memory and descriptors stay bounded.
 ///
 /// Every [`Journal`] method behaves as [`super::MemoryJournal`]'s does, with these differences:
-/// [`Journal::on_durable`] calls back later, on the `brain-journal` thread, once the record is
-/// flushed (inline only if it already is, or if it cannot be); a session whose records recovery
+/// [`Journal::on_durable`] calls back later, once the record is flushed, on the thread that
+/// flushed it (the `brain-journal` thread, or one in [`Journal::append_durable`]; inline only if
+/// it already is durable, or cannot be); [`Journal::append_durable`] may flush on the calling
+/// thread; a session whose records recovery
 /// or a later read found damaged is refused by every method with [`JournalError::Corrupt`]
 /// naming the file and offset (it is still listed by [`Journal::sessions`] and may be deleted);
 /// and after a failed write or flush, `create`, `append` and `delete` fail with
 /// [`JournalError::Failed`] (reads keep working, and [`Journal::failure`] says why). A journal
 /// opened with [`DiskJournal::open_read_only`] refuses every write. Methods other than
-/// [`DiskJournal::open`], [`DiskJournal::sync`] and [`DiskJournal::compact`] never wait for a
-/// flush; `read`, `pending_events`, `view` and `kv_get` may read the session's records from disk
+/// [`DiskJournal::open`], [`DiskJournal::sync`], [`DiskJournal::compact`] and
+/// [`Journal::append_durable`] never wait for a flush; `read`, `pending_events`, `view` and `kv_get` may read the session's records from disk
 /// (holding only that session's lock).
 ///
 /// Dropping the journal lets the writer write and flush everything already appended (running
@@ -166,6 +179,11 @@ struct Shared {
     read_only: bool,
     sessions: RwLock<HashMap<SessionId, Arc<Mutex<Session>>>>,
     log: Mutex<Log>,
+    /// Held by the one thread flushing; only ever tried (`try_lock`), never waited for.
+    flusher: Mutex<Flusher>,
+    /// Asks the writer thread to flush, or to stop.
+    signal: Mutex<Signal>,
+    wake: Condvar,
     /// The position up to which frames are written (readable through the page cache).
     written: AtomicU64,
     /// The position up to which frames are durable.
@@ -185,19 +203,42 @@ struct Log {
     /// The end of the last frame placed.
     last_end: u64,
     table: SegmentTable,
-    /// `None` once the journal is dropped.
-    sender: Option<Sender<Job>>,
+    /// Frames placed and not yet taken by a flusher, in log order.
+    queue: Vec<Job>,
+    /// Set when the journal is dropped: nothing more is placed.
+    closed: bool,
 }
 
-/// A frame for the writer.
+/// The flusher's state: the segment being appended to, and buffers kept between batches so
+/// that taking one allocates nothing.
+struct Flusher {
+    current: Option<Current>,
+    /// An empty queue, swapped with the log's to take a batch.
+    spare: Vec<Job>,
+    buffer: Vec<u8>,
+}
+
+/// What the writer thread is asked to do.
+#[derive(Default)]
+struct Signal {
+    /// Frames were queued that nobody else will flush.
+    flush: bool,
+    /// The journal was dropped: flush what is queued and end.
+    close: bool,
+}
+
+/// A placed frame, waiting for a flusher.
 struct Job {
     pos: u64,
     bytes: Vec<u8>,
 }
 
 /// Durability callbacks by the position they wait for.
+type Due = BTreeMap<u64, Vec<DurableCallback>>;
+
+/// The callbacks waiting for durability, and why nothing will be durable any more.
 struct Waiters {
-    pending: BTreeMap<u64, Vec<DurableCallback>>,
+    pending: Due,
     failed: Option<String>,
 }
 
@@ -275,16 +316,22 @@ impl DiskJournal {
                     .write(true)
                     .open(&path)
                     .map_err(|e| io_failure("opening", &path, &e))?;
+                // Beyond the last frame the file holds only zeros (recovery checked): the
+                // zeros written ahead of the frames before Brain stopped.
+                let zeroed = file
+                    .metadata()
+                    .map_err(|e| io_failure("inspecting", &path, &e))?
+                    .len();
                 Some(Current {
                     id: segment,
                     file,
                     end: u64::from(end),
+                    zeroed,
                 })
             }
             Tail::Fresh { .. } => None,
         };
-        let (sender, receiver) = crossbeam_channel::unbounded();
-        let shared = Arc::new(Shared::new(dir, options, &ids, recovered, Some(sender)));
+        let shared = Arc::new(Shared::new(dir, options, &ids, recovered, current, false));
         if created_dir {
             shared
                 .counters
@@ -295,7 +342,7 @@ impl DiskJournal {
             .name("brain-journal".to_owned())
             .spawn({
                 let shared = shared.clone();
-                move || run_writer(&shared, &receiver, current)
+                move || run_writer(&shared)
             })
             .map_err(|e| JournalError::Failed(format!("starting the journal writer: {e}")))?;
         Ok(DiskJournal {
@@ -341,7 +388,7 @@ impl DiskJournal {
         }
         let (ids, recovered) = recover::scan_read_only(dir)?;
         Ok(DiskJournal {
-            shared: Arc::new(Shared::new(dir, options, &ids, recovered, None)),
+            shared: Arc::new(Shared::new(dir, options, &ids, recovered, None, true)),
             writer: None,
         })
     }
@@ -356,19 +403,7 @@ impl DiskJournal {
             return Ok(());
         }
         let end = self.shared.log.lock().last_end;
-        let (sender, receiver) = crossbeam_channel::bounded(1);
-        self.shared.register(
-            end,
-            Box::new(move |result| {
-                // The receiver waits below; a failed send only means nobody waits any more.
-                let _ = sender.send(result);
-            }),
-        );
-        receiver.recv().unwrap_or_else(|_| {
-            Err(JournalError::Failed(
-                "the journal dropped a flush request".to_owned(),
-            ))
-        })
+        self.shared.flush_through(end)
     }
 
     /// Removes the sealed segments (every segment before the one being written) that hold no
@@ -453,6 +488,50 @@ impl DiskJournal {
         }
     }
 
+    /// Appends `record` to the session and places its frame, without waking anyone to flush
+    /// it; returns its sequence and the frame's end.
+    fn place_record(
+        &self,
+        session: &SessionId,
+        record: NewRecord,
+    ) -> Result<(u64, u64), JournalError> {
+        if record.kind == RecordKind::SessionCreated {
+            return Err(JournalError::Failed(format!(
+                "session {session}: session_created is only the first record (use create)"
+            )));
+        }
+        let shared = &self.shared;
+        shared.check_writable()?;
+        let body = frame::encode_body(&record).map_err(JournalError::Failed)?;
+        shared.with_session(session, |s| {
+            let sequence = s.locs.len() as u64 + 1;
+            let recorded_at_ms = now_ms().max(s.last_stamp);
+            let bytes = frame::encode(
+                &Address {
+                    frame_type: FrameType::Record,
+                    session: session.clone(),
+                    sequence,
+                    recorded_at_ms,
+                },
+                &body,
+            );
+            let loc = shared.place(bytes, Placement::Record)?;
+            s.locs.push(loc);
+            s.last_stamp = recorded_at_ms;
+            if let Some(loaded) = s.loaded.as_deref_mut() {
+                loaded.apply(session, sequence, &record, true);
+            }
+            s.unwritten.push_back((
+                sequence,
+                Stored {
+                    record,
+                    recorded_at_ms,
+                },
+            ));
+            Ok((sequence, loc.end()))
+        })
+    }
+
     /// Where a record's frame is: the segment file and the frame's offset (tests corrupt it).
     #[cfg(test)]
     fn locate(&self, session: &SessionId, sequence: u64) -> (PathBuf, u64) {
@@ -464,8 +543,10 @@ impl DiskJournal {
 
 impl Drop for DiskJournal {
     fn drop(&mut self) {
-        // The writer drains what is queued, flushes it, runs its callbacks and ends.
-        self.shared.log.lock().sender = None;
+        // The writer flushes what is queued, runs its callbacks and ends.
+        self.shared.log.lock().closed = true;
+        self.shared.signal.lock().close = true;
+        self.shared.wake.notify_one();
         if let Some(writer) = self.writer.take() {
             if writer.thread().id() == thread::current().id() {
                 // Dropped by a callback running on the writer: it ends on its own.
@@ -530,46 +611,21 @@ impl Journal for DiskJournal {
             sessions.insert(session.clone(), arc.clone());
             arc
         };
+        shared.wake_writer();
         shared.note_loaded(arc);
         Ok(1)
     }
 
     fn append(&self, session: &SessionId, record: NewRecord) -> Result<u64, JournalError> {
-        if record.kind == RecordKind::SessionCreated {
-            return Err(JournalError::Failed(format!(
-                "session {session}: session_created is only the first record (use create)"
-            )));
-        }
-        let shared = &self.shared;
-        shared.check_writable()?;
-        let body = frame::encode_body(&record).map_err(JournalError::Failed)?;
-        shared.with_session(session, |s| {
-            let sequence = s.locs.len() as u64 + 1;
-            let recorded_at_ms = now_ms().max(s.last_stamp);
-            let bytes = frame::encode(
-                &Address {
-                    frame_type: FrameType::Record,
-                    session: session.clone(),
-                    sequence,
-                    recorded_at_ms,
-                },
-                &body,
-            );
-            let loc = shared.place(bytes, Placement::Record)?;
-            s.locs.push(loc);
-            s.last_stamp = recorded_at_ms;
-            if let Some(loaded) = s.loaded.as_deref_mut() {
-                loaded.apply(session, sequence, &record, true);
-            }
-            s.unwritten.push_back((
-                sequence,
-                Stored {
-                    record,
-                    recorded_at_ms,
-                },
-            ));
-            Ok(sequence)
-        })
+        let (sequence, _) = self.place_record(session, record)?;
+        self.shared.wake_writer();
+        Ok(sequence)
+    }
+
+    fn append_durable(&self, session: &SessionId, record: NewRecord) -> Result<u64, JournalError> {
+        let (sequence, end) = self.place_record(session, record)?;
+        self.shared.flush_through(end)?;
+        Ok(sequence)
     }
 
     fn on_durable(&self, session: &SessionId, sequence: u64, done: DurableCallback) {
@@ -720,6 +776,8 @@ impl Journal for DiskJournal {
             s.unwritten = VecDeque::new();
             s.refused = None;
             shared.unload(&mut s);
+            drop(s);
+            shared.wake_writer();
             return Ok(());
         }
     }
@@ -749,13 +807,14 @@ impl Journal for DiskJournal {
 
 impl Shared {
     /// The shared state of a journal in `dir` whose segments `ids` recovery found as
-    /// `recovered`; `sender` hands frames to the writer (`None`: read-only).
+    /// `recovered`, appending to `current`.
     fn new(
         dir: &Path,
         options: DiskJournalOptions,
         ids: &[u32],
         recovered: recover::Recovered,
-        sender: Option<Sender<Job>>,
+        current: Option<Current>,
+        read_only: bool,
     ) -> Shared {
         let (segment, offset) = match recovered.tail {
             Tail::Append { segment, end } => (segment, u64::from(end)),
@@ -785,22 +844,30 @@ impl Shared {
         log::info!(
             "journal: opened {}{} ({} sessions, {refused} of them unreadable, {} segments)",
             dir.display(),
-            if sender.is_some() { "" } else { " read-only" },
+            if read_only { " read-only" } else { "" },
             sessions.len(),
             ids.len()
         );
         Shared {
             dir: dir.to_path_buf(),
             options,
-            read_only: sender.is_none(),
+            read_only,
             sessions: RwLock::new(sessions),
             log: Mutex::new(Log {
                 segment,
                 offset,
                 last_end: recovered.end,
                 table: recovered.table,
-                sender,
+                queue: Vec::new(),
+                closed: false,
             }),
+            flusher: Mutex::new(Flusher {
+                current,
+                spare: Vec::new(),
+                buffer: Vec::new(),
+            }),
+            signal: Mutex::new(Signal::default()),
+            wake: Condvar::new(),
             written: AtomicU64::new(recovered.end),
             durable: AtomicU64::new(recovered.end),
             waiters: Mutex::new(Waiters {
@@ -1008,7 +1075,8 @@ impl Shared {
         }
     }
 
-    /// Places a frame in the log and hands it to the writer; returns where it is.
+    /// Places a frame in the log and queues it for a flusher; returns where it is. Nobody is
+    /// woken: the caller flushes, or wakes the writer.
     fn place(&self, bytes: Vec<u8>, placement: Placement<'_>) -> Result<Loc, JournalError> {
         let len = bytes.len() as u64;
         let len32 = u32::try_from(len)
@@ -1028,20 +1096,13 @@ impl Shared {
             pos: segment::position(segment, offset32),
             len: len32,
         };
-        let sent = match &log.sender {
-            Some(sender) => sender.send(Job {
-                pos: loc.pos,
-                bytes,
-            }),
-            None => return Err(JournalError::Failed("the journal is closed".to_owned())),
-        };
-        if sent.is_err() {
-            drop(log);
-            self.check_writable()?;
-            return Err(JournalError::Failed(
-                "the journal writer has stopped".to_owned(),
-            ));
+        if log.closed {
+            return Err(JournalError::Failed("the journal is closed".to_owned()));
         }
+        log.queue.push(Job {
+            pos: loc.pos,
+            bytes,
+        });
         log.segment = segment;
         log.offset = offset + len;
         log.last_end = loc.end();
@@ -1071,17 +1132,124 @@ impl Shared {
         run_callback(done, result);
     }
 
-    /// Everything up to `position` is durable: runs the callbacks waiting for it.
-    fn made_durable(&self, position: u64) {
-        let ready = {
-            let mut waiters = self.waiters.lock();
-            self.durable.store(position, Ordering::Release);
-            let later = waiters.pending.split_off(&position.saturating_add(1));
-            std::mem::replace(&mut waiters.pending, later)
-        };
-        for done in ready.into_values().flatten() {
-            run_callback(done, Ok(()));
+    /// Everything up to `position` is durable: returns the callbacks waiting for it, for the
+    /// caller to run once it holds no lock.
+    fn made_durable(&self, position: u64) -> Due {
+        let mut waiters = self.waiters.lock();
+        self.durable.store(position, Ordering::Release);
+        let later = waiters.pending.split_off(&position.saturating_add(1));
+        std::mem::replace(&mut waiters.pending, later)
+    }
+
+    /// Asks the writer thread to flush what is queued: for frames whose appender does not flush
+    /// them itself.
+    fn wake_writer(&self) {
+        self.signal.lock().flush = true;
+        self.wake.notify_one();
+    }
+
+    /// Blocks until everything up to `end` is durable, flushing on this thread if nobody else
+    /// is flushing.
+    fn flush_through(&self, end: u64) -> Result<(), JournalError> {
+        if self.try_flush() {
+            // Under load the writer thread carries the batches, so that this caller gets back
+            // to its own work after one flush.
+            self.wake_writer();
         }
+        if end <= self.durable.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        // Another thread is flushing; it looks at the queue again when it is done.
+        let (promise, expected) = crate::handoff::oneshot();
+        self.register(end, Box::new(move |result| promise.deliver(result)));
+        expected.wait().unwrap_or_else(|| {
+            Err(JournalError::Failed(
+                "the journal dropped a durability callback".to_owned(),
+            ))
+        })
+    }
+
+    /// Flushes what is queued, unless another thread is flushing; returns whether more frames
+    /// were queued meanwhile. Whoever flushes looks at the queue after letting go of the
+    /// flusher and, if it is not empty, flushes again (the writer thread) or wakes the writer
+    /// (anyone else): every queued frame is flushed by somebody, and nobody waits for the
+    /// flusher.
+    fn try_flush(&self) -> bool {
+        let Some(mut flusher) = self.flusher.try_lock() else {
+            return false;
+        };
+        let flushed = self.flush_batch(&mut flusher);
+        drop(flusher);
+        match flushed {
+            Ok(due) => {
+                for done in due.into_values().flatten() {
+                    run_callback(done, Ok(()));
+                }
+            }
+            Err(why) => self.fail(why),
+        }
+        !self.log.lock().queue.is_empty()
+    }
+
+    /// Writes every queued frame, in log order, and those queued while it writes, flushing each
+    /// segment it finishes; then flushes once for all of them. Returns the callbacks that became
+    /// due. Once the journal failed it only drops the queue (its waiters were failed).
+    fn flush_batch(&self, flusher: &mut Flusher) -> Result<Due, String> {
+        if self.failed.load(Ordering::Acquire) {
+            self.log.lock().queue.clear();
+            return Ok(Due::new());
+        }
+        let Flusher {
+            current,
+            spare,
+            buffer,
+        } = flusher;
+        let mut frames = 0u64;
+        loop {
+            std::mem::swap(&mut self.log.lock().queue, spare);
+            if spare.is_empty() {
+                break;
+            }
+            for job in spare.drain(..) {
+                let segment = position_segment(job.pos);
+                let offset = job.pos & 0xFFFF_FFFF;
+                let target = match current {
+                    Some(c) if c.id == segment => c,
+                    _ => {
+                        if let Some(old) = current.as_mut() {
+                            write_out(self, old, buffer)?;
+                            seal(self, old)?;
+                            flush(self, old)?;
+                        }
+                        let created = current.insert(create_segment(self, segment)?);
+                        buffer.extend_from_slice(&frame::segment_header());
+                        created
+                    }
+                };
+                let expected = target.end + buffer.len() as u64;
+                if offset != expected {
+                    return Err(format!(
+                        "internal error: a frame placed at offset {offset} of segment {segment} \
+                         where {expected} was next"
+                    ));
+                }
+                buffer.extend_from_slice(&job.bytes);
+                frames += 1;
+                if buffer.len() >= WRITE_CHUNK {
+                    write_out(self, target, buffer)?;
+                }
+            }
+            if let Some(target) = current.as_mut() {
+                write_out(self, target, buffer)?;
+            }
+        }
+        let Some(target) = current.as_mut().filter(|_| frames > 0) else {
+            return Ok(Due::new());
+        };
+        self.counters.records.fetch_add(frames, Ordering::Relaxed);
+        self.counters.batches.fetch_add(1, Ordering::Relaxed);
+        let position = flush(self, target)?;
+        Ok(self.made_durable(position))
     }
 
     /// The journal failed: nothing more becomes durable. Fails every waiting callback.
@@ -1161,28 +1329,27 @@ impl Stored {
 struct Current {
     id: u32,
     file: File,
-    /// Bytes written to it so far.
+    /// Bytes of header and frames written to it so far.
     end: u64,
+    /// The file's length: from `end` to here it holds zeros, written ahead of the frames.
+    zeroed: u64,
 }
 
-/// The `brain-journal` thread: batches, writes, flushes, acknowledges, until the journal is
-/// dropped (then after a last flush) or a write fails.
-fn run_writer(shared: &Shared, jobs: &Receiver<Job>, mut current: Option<Current>) {
-    let mut carried = None;
+/// The `brain-journal` thread: flushes what plain appends queued, until the journal is dropped
+/// (then after a last flush).
+fn run_writer(shared: &Shared) {
     loop {
-        let first = match carried.take() {
-            Some(job) => job,
-            None => match jobs.recv() {
-                Ok(job) => job,
-                Err(_) => break,
-            },
-        };
-        match write_batch(shared, &mut current, jobs, first) {
-            Ok(rest) => carried = rest,
-            Err(why) => {
-                shared.fail(why);
-                return;
+        let close = {
+            let mut signal = shared.signal.lock();
+            while !signal.flush && !signal.close {
+                shared.wake.wait(&mut signal);
             }
+            signal.flush = false;
+            signal.close
+        };
+        while shared.try_flush() {}
+        if close {
+            break;
         }
     }
     // Closed: everything queued was flushed. Nobody can be waiting; if someone is, say so.
@@ -1195,76 +1362,6 @@ fn run_writer(shared: &Shared, jobs: &Receiver<Job>, mut current: Option<Current
             )),
         );
     }
-}
-
-/// Writes `first` and every frame queued behind it (up to [`BATCH_BYTES`]), in order, flushing
-/// each segment it finishes; then flushes once for all of them. Frames that arrive while the
-/// batch is being written join it. Returns the frame that did not fit, if one was taken.
-fn write_batch(
-    shared: &Shared,
-    current: &mut Option<Current>,
-    jobs: &Receiver<Job>,
-    first: Job,
-) -> Result<Option<Job>, String> {
-    let mut buffer: Vec<u8> = Vec::new();
-    let mut frames = 0u64;
-    let mut size = 0usize;
-    let mut next = Some(first);
-    loop {
-        let job = match next.take() {
-            Some(job) => job,
-            None => match jobs.try_recv() {
-                Ok(job) if size < BATCH_BYTES => job,
-                Ok(job) => {
-                    // The batch is full: this one starts the next.
-                    next = Some(job);
-                    break;
-                }
-                Err(_) if buffer.is_empty() => break,
-                Err(_) => {
-                    // Drained: write, then look again before the flush.
-                    if let Some(target) = current.as_mut() {
-                        write_out(shared, target, &mut buffer)?;
-                    }
-                    continue;
-                }
-            },
-        };
-        size += job.bytes.len();
-        let segment = position_segment(job.pos);
-        let offset = job.pos & 0xFFFF_FFFF;
-        let target = match current {
-            Some(c) if c.id == segment => c,
-            _ => {
-                if let Some(old) = current.as_mut() {
-                    write_out(shared, old, &mut buffer)?;
-                    flush(shared, old)?;
-                }
-                let created = current.insert(create_segment(shared, segment)?);
-                buffer.extend_from_slice(&frame::segment_header());
-                created
-            }
-        };
-        let expected = target.end + buffer.len() as u64;
-        if offset != expected {
-            return Err(format!(
-                "internal error: a frame placed at offset {offset} of segment {segment} where \
-                 {expected} was next"
-            ));
-        }
-        buffer.extend_from_slice(&job.bytes);
-        frames += 1;
-        if buffer.len() >= WRITE_CHUNK {
-            write_out(shared, target, &mut buffer)?;
-        }
-    }
-    if let Some(target) = current.as_mut() {
-        write_out(shared, target, &mut buffer)?;
-        shared.counters.records.fetch_add(frames, Ordering::Relaxed);
-        shared.counters.batches.fetch_add(1, Ordering::Relaxed);
-        flush(shared, target)?;
-    }
-    Ok(next)
 }
 
 /// Writes the buffer at the segment's end; the frames become readable.
@@ -1285,6 +1382,9 @@ fn write_out(shared: &Shared, target: &mut Current, buffer: &mut Vec<u8>) -> Res
         .bytes
         .fetch_add(buffer.len() as u64, Ordering::Relaxed);
     buffer.clear();
+    if target.end > target.zeroed {
+        zero_ahead(shared, target);
+    }
     let end = u32::try_from(target.end).map_err(|_| "a segment beyond 4 GiB".to_owned())?;
     shared
         .written
@@ -1292,8 +1392,49 @@ fn write_out(shared: &Shared, target: &mut Current, buffer: &mut Vec<u8>) -> Res
     Ok(())
 }
 
-/// `fdatasync`s the segment and acknowledges everything in it.
-fn flush(shared: &Shared, target: &mut Current) -> Result<(), String> {
+/// Writes zeros after the segment's last frame, up to [`ZERO_AHEAD`] bytes past it (not past
+/// the segment size). Best effort: if the disk is full the frames still go in where the zeros
+/// reached, and only a failed write of a frame fails the journal.
+fn zero_ahead(shared: &Shared, target: &mut Current) {
+    let want = target
+        .end
+        .max((target.end + ZERO_AHEAD).min(shared.options.segment_size));
+    // At most ZERO_AHEAD bytes: fits in usize.
+    let zeros = vec![0u8; (want - target.end) as usize];
+    target.zeroed = match target.file.write_all_at(&zeros, target.end) {
+        Ok(()) => want,
+        Err(e) => {
+            log::debug!(
+                "journal: writing zeros ahead of the frames of {}: {e}",
+                segment::path(&shared.dir, target.id).display()
+            );
+            // Some may have been written: whatever the file holds past its frames is zeros.
+            target
+                .file
+                .metadata()
+                .map_or(target.end, |m| m.len().max(target.end))
+        }
+    };
+}
+
+/// Cuts the zeros written ahead off a segment that is full, so that it ends with its last
+/// frame: only the last segment may have a zero tail (recovery calls zeros in any other
+/// corruption). The flush that follows makes the new length durable.
+fn seal(shared: &Shared, target: &mut Current) -> Result<(), String> {
+    if target.zeroed > target.end {
+        target.file.set_len(target.end).map_err(|e| {
+            format!(
+                "truncating {} to its last frame: {e}",
+                segment::path(&shared.dir, target.id).display()
+            )
+        })?;
+        target.zeroed = target.end;
+    }
+    Ok(())
+}
+
+/// `fdatasync`s the segment; returns the position up to which the log is now durable.
+fn flush(shared: &Shared, target: &mut Current) -> Result<u64, String> {
     target.file.sync_data().map_err(|e| {
         format!(
             "flushing {}: {e}",
@@ -1302,8 +1443,7 @@ fn flush(shared: &Shared, target: &mut Current) -> Result<(), String> {
     })?;
     shared.counters.flushes.fetch_add(1, Ordering::Relaxed);
     let end = u32::try_from(target.end).map_err(|_| "a segment beyond 4 GiB".to_owned())?;
-    shared.made_durable(segment::position(target.id, end));
-    Ok(())
+    Ok(segment::position(target.id, end))
 }
 
 /// Creates segment `id` (it must not exist) and makes its directory entry durable.
@@ -1320,7 +1460,12 @@ fn create_segment(shared: &Shared, id: u32) -> Result<Current, String> {
         .counters
         .directory_syncs
         .fetch_add(1, Ordering::Relaxed);
-    Ok(Current { id, file, end: 0 })
+    Ok(Current {
+        id,
+        file,
+        end: 0,
+        zeroed: 0,
+    })
 }
 
 /// Runs a durability callback; a panic in it is logged, not spread to the writer.
@@ -1385,8 +1530,8 @@ fn now_ms() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::journal::MemoryJournal;
     use crate::journal::conformance::{TempDir, created, durable, emitted, id, record, sequences};
-    use crate::journal::{MemoryJournal, append_durable};
     use crate::protocol::harness::{ErrorCode, Message, Role};
     use serde_json::json;
     use std::io::{BufRead, BufReader};
@@ -1410,6 +1555,16 @@ mod tests {
 
     fn segment_files(dir: &TempDir) -> Vec<PathBuf> {
         segment_files_in(&dir.path().join("journal"))
+    }
+
+    /// Where a segment's frames end: before the zeros written ahead of them (a valid frame
+    /// never ends with a zero byte).
+    fn frames_end(path: &Path) -> u64 {
+        let bytes = std::fs::read(path).unwrap();
+        bytes
+            .iter()
+            .rposition(|&b| b != 0)
+            .map_or(0, |i| i as u64 + 1)
     }
 
     fn segment_files_in(dir: &Path) -> Vec<PathBuf> {
@@ -1554,7 +1709,7 @@ mod tests {
             );
             assert!(ran.load(Ordering::SeqCst));
             // Sequences and timestamps continue.
-            let next = append_durable(&journal, session, kv(json!("after"))).unwrap();
+            let next = journal.append_durable(session, kv(json!("after"))).unwrap();
             assert_eq!(next, last + 1);
             let events = journal.read(session, last - 1, 2).unwrap();
             assert!(events[0].recorded_at_ms <= events[1].recorded_at_ms);
@@ -1582,7 +1737,7 @@ mod tests {
             let (path, offset) = journal.locate(&session, 11);
             (path, offset, snapshot(&journal, &session))
         };
-        let len = std::fs::metadata(&path).unwrap().len();
+        let len = frames_end(&path);
         // Cut the last frame in its body, then (after recovery) in its fixed part.
         for cut in [len - 7, tail_offset + 5] {
             if cut < std::fs::metadata(&path).unwrap().len() {
@@ -1599,7 +1754,9 @@ mod tests {
         {
             let journal = open(&dir);
             assert_eq!(
-                append_durable(&journal, &session, kv(json!("again"))).unwrap(),
+                journal
+                    .append_durable(&session, kv(json!("again")))
+                    .unwrap(),
                 11
             );
         }
@@ -1610,7 +1767,7 @@ mod tests {
     }
 
     #[test]
-    fn a_zero_filled_tail_is_truncated() {
+    fn a_zero_tail_is_where_the_log_ends_and_is_written_over() {
         let dir = TempDir::new("zeros");
         let session = id(1);
         let expected = {
@@ -1621,17 +1778,68 @@ mod tests {
             snapshot(&journal, &session)
         };
         let path = segment_files(&dir).pop().unwrap();
-        let len = std::fs::metadata(&path).unwrap().len();
-        // The file was extended but the data never reached it.
+        // The writer wrote zeros ahead of its frames; a crash may also have left the file
+        // extended with data that never reached it. Either way the log ends at the last frame.
+        let len = std::fs::metadata(&path).unwrap().len() + 8192;
         OpenOptions::new()
             .write(true)
             .open(&path)
             .unwrap()
-            .set_len(len + 8192)
+            .set_len(len)
             .unwrap();
-        let journal = open(&dir);
-        assert_eq!(std::fs::metadata(&path).unwrap().len(), len);
-        assert_eq!(snapshot(&journal, &session), expected);
+        let more = {
+            let journal = open(&dir);
+            assert_eq!(
+                std::fs::metadata(&path).unwrap().len(),
+                len,
+                "nothing truncated"
+            );
+            assert_eq!(snapshot(&journal, &session), expected);
+            // Appends go where the frames end, over the zeros.
+            journal
+                .append_durable(&session, kv(json!("after")))
+                .unwrap();
+            snapshot(&journal, &session)
+        };
+        assert_eq!(segment_files(&dir), [path]);
+        assert_eq!(snapshot(&open(&dir), &session), more);
+    }
+
+    #[test]
+    fn the_active_segment_is_zeroed_ahead_and_a_sealed_one_ends_with_its_last_frame() {
+        let dir = TempDir::new("zero-ahead");
+        let journal = DiskJournal::open_with(
+            &dir.path().join("journal"),
+            DiskJournalOptions {
+                segment_size: 64 << 10,
+                ..DiskJournalOptions::default()
+            },
+        )
+        .unwrap();
+        let session = id(1);
+        journal.create(&session, created()).unwrap();
+        journal.sync().unwrap();
+        let first = segment_files(&dir).pop().unwrap();
+        let frames = journal.stats().bytes;
+        assert_eq!(std::fs::metadata(&first).unwrap().len(), 64 << 10);
+        assert!(frames < 64 << 10);
+        // Fill the first segment until the journal starts a second one.
+        while segment_files(&dir).len() == 1 {
+            journal
+                .append_durable(&session, kv(json!("x".repeat(1000))))
+                .unwrap();
+        }
+        let sealed_len = std::fs::metadata(&first).unwrap().len();
+        assert!(sealed_len < 64 << 10, "the sealed segment keeps no zeros");
+        let mut last = [0u8];
+        File::open(&first)
+            .unwrap()
+            .read_exact_at(&mut last, sealed_len - 1)
+            .unwrap();
+        assert_ne!(last[0], 0, "the sealed segment ends with a frame");
+        let expected = snapshot(&journal, &session);
+        drop(journal);
+        assert_eq!(snapshot(&open(&dir), &session), expected);
     }
 
     #[test]
@@ -1643,7 +1851,11 @@ mod tests {
             journal.create(&session, created()).unwrap();
             journal.sync().unwrap();
         }
-        // A crash right after the next segment was created, before anything was written to it.
+        // A crash right after the next segment was created, before anything was written to it
+        // (the writer had cut the zeros off the full one, as it does before starting the next).
+        let full = segment::path(&dir.path().join("journal"), 1);
+        let file = OpenOptions::new().write(true).open(&full).unwrap();
+        file.set_len(frames_end(&full)).unwrap();
         let next = segment::path(&dir.path().join("journal"), 2);
         std::fs::write(&next, [0u8; 5]).unwrap();
         {
@@ -1701,7 +1913,7 @@ mod tests {
             ));
             // The other session is whole, and goes on.
             assert_eq!(snapshot(&journal, &b).1[..21], b_before.1[..]);
-            append_durable(&journal, &b, kv(json!("more"))).unwrap();
+            journal.append_durable(&b, kv(json!("more"))).unwrap();
         }
         // The damaged session can be deleted; then it is gone, also after reopen.
         let journal = open(&dir);
@@ -1760,7 +1972,7 @@ mod tests {
         }
         assert_eq!(snapshot(&journal, &c), c_before);
         assert_eq!(snapshot(&journal, &e), e_before);
-        append_durable(&journal, &c, kv(json!("more"))).unwrap();
+        journal.append_durable(&c, kv(json!("more"))).unwrap();
         // The damaged segment is never compacted, nor rewritten.
         assert_eq!(journal.compact().unwrap().segments_removed, 0);
         assert!(path.exists());
@@ -1925,7 +2137,7 @@ mod tests {
                         for n in 0..APPENDS {
                             let session = &sessions[thread * 2 + n % 2];
                             let value = json!({"thread": thread, "n": n});
-                            append_durable(journal, session, kv(value)).unwrap();
+                            journal.append_durable(session, kv(value)).unwrap();
                         }
                     });
                 }
@@ -2138,7 +2350,7 @@ mod tests {
             },
             &frame::encode_body(&kv(json!("half written"))).unwrap(),
         );
-        let end = std::fs::metadata(&last).unwrap().len();
+        let end = frames_end(&last);
         let file = OpenOptions::new().write(true).open(&last).unwrap();
         file.write_all_at(&frame[..frame.len() / 2], end).unwrap();
         drop(file);
@@ -2153,7 +2365,8 @@ mod tests {
         drop(live);
 
         // A segment just created by a writer that has not written its header yet: empty, or
-        // part of the header. Recovery would repair it; a read-only open reads past it.
+        // part of the header (the writer had sealed the one before: no zeros after its last
+        // frame). Recovery would repair it; a read-only open reads past it.
         let file = OpenOptions::new().write(true).open(&last).unwrap();
         file.set_len(end).unwrap();
         drop(file);
@@ -2175,7 +2388,7 @@ mod tests {
         // A read-write open then repairs it, as always, and keeps every record.
         let journal = DiskJournal::open_with(&journal_dir, small()).unwrap();
         assert_eq!(journal.view(&a).unwrap().last_sequence, total_a);
-        append_durable(&journal, &a, kv(json!("after"))).unwrap();
+        journal.append_durable(&a, kv(json!("after"))).unwrap();
     }
 
     #[test]
@@ -2312,7 +2525,7 @@ mod tests {
                     while Instant::now() < deadline {
                         n += 1;
                         let value = format!("{}-{n}", std::process::id());
-                        let sequence = append_durable(journal, session, kv(json!(value))).unwrap();
+                        let sequence = journal.append_durable(session, kv(json!(value))).unwrap();
                         println!("ack {session} {sequence} {value}");
                     }
                 });
@@ -2375,7 +2588,7 @@ mod tests {
         let error = loop {
             n += 1;
             let value = format!("{n}-{}", "x".repeat(900));
-            match append_durable(&journal, &session, kv(json!(value))) {
+            match journal.append_durable(&session, kv(json!(value))) {
                 Ok(sequence) => println!("ack {session} {sequence} {value}"),
                 Err(error) => break error,
             }
@@ -2428,7 +2641,9 @@ mod tests {
         let journal = DiskJournal::open(&journal_dir).unwrap();
         assert_acknowledged(&journal, &acks);
         assert_eq!(journal.failure(), None);
-        append_durable(&journal, &id(7), kv(json!("after restart"))).unwrap();
+        journal
+            .append_durable(&id(7), kv(json!("after restart")))
+            .unwrap();
     }
 
     /// Durable records per second at 1, 8 and 64 concurrent sessions (one thread each, every
@@ -2477,7 +2692,7 @@ mod tests {
                     scope.spawn(move || {
                         let data = json!({"key": "k", "value": "a record of about a hundred bytes, like a small kv write"});
                         while started.elapsed() < window {
-                            append_durable(journal, session, record(RecordKind::KvSet, data.clone())).unwrap();
+                            journal.append_durable(session, record(RecordKind::KvSet, data.clone())).unwrap();
                             total.fetch_add(1, Ordering::Relaxed);
                         }
                     });

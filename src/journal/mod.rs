@@ -9,7 +9,7 @@
 //! Appending is split in two: [`Journal::append`] assigns the sequence and updates the projections
 //! at once and never blocks on I/O; [`Journal::on_durable`] reports when the record is durable.
 //! Nothing may be acknowledged to anyone, or used as an effect fence, before that report
-//! (PROTOCOL.md §7.1, §11). Threads that may block use [`append_durable`].
+//! (PROTOCOL.md §7.1, §11). Threads that may block use [`Journal::append_durable`].
 //!
 //! [`MemoryJournal`] keeps everything in memory: every record is durable the moment it is appended.
 //! [`DiskJournal`] keeps records in segment files under `<data>/journal`, makes them durable with
@@ -208,6 +208,33 @@ pub trait Journal: Send + Sync + 'static {
     /// call the journal. `done` must not block for long: it may run on the journal's own thread.
     fn on_durable(&self, session: &SessionId, sequence: u64, done: DurableCallback);
 
+    /// Appends `record` as [`Journal::append`] does and blocks until it is durable (or failed to
+    /// be); returns its sequence.
+    ///
+    /// For threads that may block, such as callback executors; the dispatcher uses
+    /// [`Journal::append`] and [`Journal::on_durable`] instead. If the record was appended but
+    /// could not be made durable, the error is returned and the sequence is lost to the caller:
+    /// the record must not be acknowledged. The default waits for [`Journal::on_durable`]; a
+    /// journal may instead flush on the calling thread (the disk journal does, when no other
+    /// thread is flushing, which spares two thread hand-offs per record). A wrapper that
+    /// delegates to another journal should delegate this too.
+    fn append_durable(&self, session: &SessionId, record: NewRecord) -> Result<u64, JournalError> {
+        let sequence = self.append(session, record)?;
+        let (promise, expected) = crate::handoff::oneshot();
+        self.on_durable(
+            session,
+            sequence,
+            Box::new(move |result| promise.deliver(result)),
+        );
+        match expected.wait() {
+            Some(result) => result.map(|()| sequence),
+            None => Err(JournalError::Failed(format!(
+                "the journal dropped the durability callback of record {sequence} of session \
+                 {session}"
+            ))),
+        }
+    }
+
     /// The records with sequence greater than `after`, oldest first, at most `limit`: each as an
     /// [`Event`] whose `type` is the record's kind (e.g. `event_emitted`) and whose `data` is the
     /// record's payload as appended. May include records not yet durable.
@@ -288,31 +315,5 @@ pub trait Journal: Send + Sync + 'static {
     /// journal should delegate this too, or it hides the failure.
     fn failure(&self) -> Option<String> {
         None
-    }
-}
-
-/// Appends `record` and blocks until it is durable (or failed to be); returns its sequence.
-///
-/// For threads that may block, such as callback executors; the dispatcher uses
-/// [`Journal::append`] and [`Journal::on_durable`] instead. If the record was appended but could
-/// not be made durable, the error is returned and the sequence is lost to the caller: the record
-/// must not be acknowledged.
-pub fn append_durable(
-    journal: &dyn Journal,
-    session: &SessionId,
-    record: NewRecord,
-) -> Result<u64, JournalError> {
-    let sequence = journal.append(session, record)?;
-    let (promise, expected) = crate::handoff::oneshot();
-    journal.on_durable(
-        session,
-        sequence,
-        Box::new(move |result| promise.deliver(result)),
-    );
-    match expected.wait() {
-        Some(result) => result.map(|()| sequence),
-        None => Err(JournalError::Failed(format!(
-            "the journal dropped the durability callback of record {sequence} of session {session}"
-        ))),
     }
 }

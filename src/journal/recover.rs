@@ -71,7 +71,8 @@ pub(crate) enum Tail {
 
 /// How a segment's scan ended.
 enum SegmentEnd {
-    /// Every byte was a valid frame (or a damaged body that was skipped).
+    /// Every byte up to this offset was a valid frame (or a damaged body that was skipped),
+    /// and after it the file ends, or (in the last segment) holds only zeros.
     Clean(u64),
     /// The last segment has a torn tail from this offset.
     Torn { at: u64, why: String },
@@ -321,8 +322,10 @@ fn scan_segment(
     let mut fixed = [0u8; FRAME_OVERHEAD];
     let mut body = Vec::new();
     loop {
-        if offset == len {
-            return Ok(SegmentEnd::Clean(len));
+        // Zeros after a frame (only in the last segment) are what the writer writes ahead of
+        // its frames: the log ends there, cleanly. A valid frame never ends with a zero byte.
+        if offset >= zero_from {
+            return Ok(SegmentEnd::Clean(offset));
         }
         let fixed_end = offset + FRAME_OVERHEAD as u64;
         if fixed_end > len {
