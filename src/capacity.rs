@@ -2,15 +2,19 @@
 //!
 //! Each worker slot has one [`CapacityQueue`]. The dispatcher pushes admitted activations, removes
 //! cancelled ones, opens the queue while the slot is healthy and closes it while it respawns, and
-//! releases a unit of capacity when a run ends. It also queues the lines for the slot's current
-//! process here. The process's writer thread (`brain-w:<reg>/<slot>-write`) is the slot's feeder:
+//! releases a unit of capacity when a run ends. It also sends the lines for the slot's current
+//! process here: written at once when nothing is queued and the writer is idle, queued otherwise. The process's writer thread (`brain-w:<reg>/<slot>-write`) is the slot's feeder:
 //! it waits on the condvar until it has lines to write, or the queue is open, a unit of capacity is
 //! free and an activation waits, in which case it takes the head and hands it to the dispatcher.
 //! No thread exists per activation or per slot beyond the process's own; a waiting activation is
 //! an entry in a deque.
 
+use crate::worker::io::write_now;
 use parking_lot::{Condvar, Mutex};
 use std::collections::VecDeque;
+use std::io;
+use std::process::ChildStdin;
+use std::sync::Arc;
 
 #[derive(Debug)]
 struct State<T> {
@@ -26,6 +30,12 @@ struct State<T> {
     writer: u64,
     /// Lines for that incarnation's stdin, oldest first.
     lines: VecDeque<Vec<u8>>,
+    /// The writer took lines and has not finished writing them.
+    writing: bool,
+    /// That incarnation's stdin, for writing a line at once when the writer is idle; `None`
+    /// before it is attached, once stdin is to close, or if the kernel cannot write without
+    /// waiting.
+    stdin: Option<Arc<ChildStdin>>,
     /// Brain closed that incarnation's stdin: its writer returns once `lines` are written.
     stdin_closed: bool,
 }
@@ -60,6 +70,8 @@ impl<T: PartialEq> CapacityQueue<T> {
                 stopped: false,
                 writer: 0,
                 lines: VecDeque::new(),
+                writing: false,
+                stdin: None,
                 stdin_closed: true,
             }),
             changed: Condvar::new(),
@@ -126,7 +138,10 @@ impl<T: PartialEq> CapacityQueue<T> {
 
     /// Stops every writer: [`CapacityQueue::next_for_writer`] returns `None` from now on.
     pub(crate) fn stop(&self) {
-        self.state.lock().stopped = true;
+        let mut state = self.state.lock();
+        state.stopped = true;
+        state.stdin = None;
+        drop(state);
         self.changed.notify_all();
     }
 
@@ -136,19 +151,53 @@ impl<T: PartialEq> CapacityQueue<T> {
         let mut state = self.state.lock();
         state.writer = generation;
         state.lines.clear();
+        state.writing = false;
+        state.stdin = None;
         state.stdin_closed = false;
         drop(state);
         self.changed.notify_all();
     }
 
-    /// Queues a line for incarnation `generation`; dropped when that incarnation is gone or its
+    /// Gives the queue incarnation `generation`'s stdin, so that [`CapacityQueue::send_line`]
+    /// can write lines itself while the writer is idle. Ignored if that incarnation is no longer
+    /// current or its stdin is to close.
+    pub(crate) fn attach_stdin(&self, generation: u64, stdin: Arc<ChildStdin>) {
+        let mut state = self.state.lock();
+        if state.writer == generation && !state.stdin_closed && !state.stopped {
+            state.stdin = Some(stdin);
+        }
+    }
+
+    /// Sends a line to incarnation `generation`; dropped when that incarnation is gone or its
     /// stdin was closed (its exit event fails whatever the line asked).
+    ///
+    /// When nothing is queued and the writer is idle, the line is written here and now, as far
+    /// as the pipe takes it without waiting (under the lock, so the writer cannot start in
+    /// between and order holds); what the pipe does not take is queued for the writer, which
+    /// is woken only then.
     pub(crate) fn send_line(&self, generation: u64, line: Vec<u8>) {
         let mut state = self.state.lock();
         if state.writer != generation || state.stdin_closed || state.stopped {
             return;
         }
-        state.lines.push_back(line);
+        let rest = match state.stdin.as_deref() {
+            Some(stdin) if state.lines.is_empty() && !state.writing => {
+                match write_now(stdin, &line) {
+                    Ok(written) if written > line.len() => return,
+                    Ok(written) => line[written..].to_vec(),
+                    Err(error) => {
+                        if !matches!(error.kind(), io::ErrorKind::WouldBlock) {
+                            // Unsupported, or the pipe broke: the writer thread deals with it
+                            // from here on (a broken pipe ends it; the exit event follows).
+                            state.stdin = None;
+                        }
+                        line
+                    }
+                }
+            }
+            _ => line,
+        };
+        state.lines.push_back(rest);
         drop(state);
         self.changed.notify_all();
     }
@@ -158,6 +207,8 @@ impl<T: PartialEq> CapacityQueue<T> {
         let mut state = self.state.lock();
         if state.writer == generation {
             state.stdin_closed = true;
+            // The writer's handle is then the last: stdin closes when it returns.
+            state.stdin = None;
         }
         drop(state);
         self.changed.notify_all();
@@ -174,11 +225,16 @@ impl<T: PartialEq> CapacityQueue<T> {
         feed: &mut dyn FnMut(T),
     ) -> Option<Vec<Vec<u8>>> {
         let mut state = self.state.lock();
+        if state.writer == generation {
+            // Back here, the writer has written and flushed what it took.
+            state.writing = false;
+        }
         loop {
             if state.stopped || state.writer != generation {
                 return None;
             }
             if !state.lines.is_empty() {
+                state.writing = true;
                 return Some(state.lines.drain(..).collect());
             }
             if state.stdin_closed {
@@ -289,5 +345,65 @@ mod tests {
         assert_eq!(queue.waiting(), 2);
         assert!(!queue.remove(&"z"));
         assert_eq!(queue.drain(), vec!["a", "b"]);
+    }
+
+    /// A child with piped stdin (and stdout): `cat` echoes what it reads, `sleep` reads nothing.
+    fn child(program: &str, args: &[&str]) -> std::process::Child {
+        std::process::Command::new(program)
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    }
+
+    #[test]
+    fn an_idle_writer_lets_lines_go_at_once_and_closing_stdin_lets_go_of_the_pipe() {
+        use std::io::{BufRead, BufReader, Read};
+        let mut cat = child("cat", &[]);
+        let queue = CapacityQueue::<i32>::new(1, 10);
+        queue.attach_writer(1);
+        queue.attach_stdin(1, Arc::new(cat.stdin.take().unwrap()));
+        // No writer thread runs: the lines reach `cat` only if `send_line` writes them itself.
+        queue.send_line(1, b"one".to_vec());
+        queue.send_line(1, b"two".to_vec());
+        let mut out = BufReader::new(cat.stdout.take().unwrap());
+        let mut echoed = String::new();
+        out.read_line(&mut echoed).unwrap();
+        out.read_line(&mut echoed).unwrap();
+        assert_eq!(echoed, "one\ntwo\n");
+        assert_eq!(queue.state.lock().lines.len(), 0);
+        // Closing stdin drops the queue's handle, the last one: `cat` sees the end and exits.
+        queue.close_stdin(1);
+        let mut rest = String::new();
+        out.read_to_string(&mut rest).unwrap();
+        assert_eq!(rest, "");
+        assert!(cat.wait().unwrap().success());
+    }
+
+    #[test]
+    fn what_a_full_pipe_does_not_take_waits_for_the_writer_in_order() {
+        let mut sleeper = child("sleep", &["30"]);
+        let queue = CapacityQueue::<i32>::new(1, 10);
+        queue.attach_writer(1);
+        queue.attach_stdin(1, Arc::new(sleeper.stdin.take().unwrap()));
+        // Far more than a pipe holds (64 KiB by default, at most 1 MiB unprivileged).
+        let big: Vec<u8> = (0..4 << 20).map(|i| b'a' + (i % 26) as u8).collect();
+        queue.send_line(1, big.clone());
+        queue.send_line(1, b"after".to_vec());
+        let batch = queue.next_for_writer(1, &mut |_| {}).unwrap();
+        assert_eq!(batch.len(), 2);
+        let rest = &batch[0];
+        assert!(!rest.is_empty() && rest.len() < big.len(), "{}", rest.len());
+        assert!(
+            big.ends_with(rest),
+            "the rest of the line, from where the pipe stopped"
+        );
+        assert_eq!(batch[1], b"after");
+        // While the writer writes, lines queue behind it rather than cutting in.
+        queue.send_line(1, b"later".to_vec());
+        assert_eq!(queue.state.lock().lines.len(), 1);
+        sleeper.kill().unwrap();
+        sleeper.wait().unwrap();
     }
 }

@@ -427,12 +427,15 @@ impl Pool {
             outbox,
             &self.events,
         ) {
-            Ok(running) => {
+            Ok((running, stdin)) => {
                 log::info!(
                     "worker {label}: started pid {} ({})",
                     running.process.pid(),
                     spec.program.display()
                 );
+                self.registrations[r].slots[s]
+                    .queue
+                    .attach_stdin(key.generation, stdin);
                 let spawned_at = Instant::now();
                 self.registrations[r].slots[s].live = Some(Live {
                     running,

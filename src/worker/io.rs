@@ -4,8 +4,9 @@
 //! Each pipe has one thread that owns it. The reader decodes lines (parsing happens here, off the
 //! dispatcher) and forwards messages and violations to the dispatcher's channel, which counts
 //! them: a worker's violations are rate-limited by the faulty rule, so they cost the dispatcher
-//! little. The writer owns stdin and writes what the dispatcher sends it; dropping its sender
-//! closes the harness's stdin.
+//! little. The writer writes what the dispatcher queues for stdin; the dispatcher writes a line
+//! itself with [`write_now`] when the writer is idle (see `crate::capacity`). Stdin closes when
+//! the writer has returned and the capacity queue has let go of its handle.
 
 use super::process::Exit;
 use super::{WorkerEvent, WorkerKey, WorkerLabel};
@@ -19,8 +20,8 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::io::{self, BufWriter, Read, Write};
-use std::os::fd::{AsFd, OwnedFd};
-use std::process::ChildStderr;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::process::{ChildStderr, ChildStdin};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -83,9 +84,10 @@ pub fn prefix_of(line: &[u8]) -> String {
 }
 
 /// The writer thread's body: writes each batch of lines from `outbox`, each with its newline, and
-/// flushes after the batch. Returns (closing stdin) when the outbox says so or the pipe breaks.
-pub fn write_stdin(stdin: impl Write, mut outbox: super::Outbox, label: WorkerLabel) {
-    let mut out = BufWriter::with_capacity(64 * 1024, stdin);
+/// flushes after the batch. Returns when the outbox says so or the pipe breaks; stdin closes once
+/// the other handle (see [`write_now`]) is dropped too.
+pub fn write_stdin(stdin: Arc<ChildStdin>, mut outbox: super::Outbox, label: WorkerLabel) {
+    let mut out = BufWriter::with_capacity(64 * 1024, &*stdin);
     while let Some(lines) = outbox() {
         for mut line in lines {
             line.push(b'\n');
@@ -99,6 +101,34 @@ pub fn write_stdin(stdin: impl Write, mut outbox: super::Outbox, label: WorkerLa
             return;
         }
     }
+}
+
+/// Writes as much of `line` and its newline to `stdin` as the pipe takes without waiting, and
+/// returns how many bytes that was (`line.len() + 1` when all of it).
+///
+/// Lets the dispatcher write a line itself when the writer thread is idle, sparing it a wake-up
+/// and a hand-off. Never blocks: it is one `pwritev2` with `RWF_NOWAIT`, which pipes honour since
+/// Linux 5.x (an older kernel answers `EOPNOTSUPP`, and the caller leaves lines to the writer
+/// thread). Fails with `WouldBlock` when the pipe is full, and with the write's error otherwise.
+pub fn write_now(stdin: &ChildStdin, line: &[u8]) -> io::Result<usize> {
+    let parts = [
+        libc::iovec {
+            iov_base: line.as_ptr() as *mut libc::c_void,
+            iov_len: line.len(),
+        },
+        libc::iovec {
+            iov_base: b"\n".as_ptr() as *mut libc::c_void,
+            iov_len: 1,
+        },
+    ];
+    // SAFETY: the two iovecs describe `line` and a static byte, both alive and unchanged for the
+    // whole call, and the kernel only reads from them (a write); the descriptor is `stdin`'s,
+    // open for as long as the borrow lasts. Offset -1 means the file's current position (a pipe
+    // has none), as `writev` would.
+    let written =
+        unsafe { libc::pwritev2(stdin.as_raw_fd(), parts.as_ptr(), 2, -1, libc::RWF_NOWAIT) };
+    // A negative result is the only failure; anything else is a byte count.
+    usize::try_from(written).map_err(|_| io::Error::last_os_error())
 }
 
 fn finish_write(error: io::Error, label: WorkerLabel) {

@@ -16,6 +16,7 @@ use crate::protocol::jsonrpc::{Message, RequestId, Violation};
 use crossbeam_channel::Sender;
 use process::{Exit, ProcessHandle, SpawnSpec};
 use std::fmt;
+use std::process::ChildStdin;
 use std::sync::Arc;
 
 /// Names one incarnation of one worker slot. Events of an older generation are stale.
@@ -76,7 +77,9 @@ pub struct Running {
 pub type Outbox = Box<dyn FnMut() -> Option<Vec<Vec<u8>>> + Send>;
 
 /// Spawns the process and its three threads. Events go to `events`, tagged with `key`; the lines
-/// for stdin come from `outbox`.
+/// for stdin come from `outbox`. Also returns a second handle on stdin, for [`io::write_now`]:
+/// the harness sees its stdin close only once the writer thread has returned and that handle
+/// is dropped.
 ///
 /// Guarantees: on `Ok`, exactly one `WorkerEvent::Exited` for `key` will follow eventually (the
 /// waiter reports it after reaping), and a `StdoutClosed` before or after it. On `Err` nothing is
@@ -88,8 +91,9 @@ pub fn start(
     max_line_bytes: usize,
     outbox: Outbox,
     events: &Sender<(WorkerKey, WorkerEvent)>,
-) -> std::io::Result<Running> {
+) -> std::io::Result<(Running, Arc<ChildStdin>)> {
     let spawned = process::spawn(spec)?;
+    let stdin = Arc::new(spawned.stdin);
     let process = spawned.handle.clone();
     let stderr_tail = Arc::new(io::StderrTail::default());
     let pidfd = match process::open_pidfd(&process) {
@@ -116,7 +120,7 @@ pub fn start(
         (
             "write",
             Box::new({
-                let (label, stdin) = (label.clone(), spawned.stdin);
+                let (label, stdin) = (label.clone(), stdin.clone());
                 move || io::write_stdin(stdin, outbox, label)
             }),
         ),
@@ -145,8 +149,11 @@ pub fn start(
             return Err(error);
         }
     }
-    Ok(Running {
-        process,
-        stderr_tail,
-    })
+    Ok((
+        Running {
+            process,
+            stderr_tail,
+        },
+        stdin,
+    ))
 }
