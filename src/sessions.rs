@@ -1598,8 +1598,9 @@ impl Dispatcher {
     }
 
     /// Forgets a passivated session's in-memory state, keeping only its placement, as a restart
-    /// would: it is recovered from the journal when a command next names it. A passivated
-    /// session's memory is then what a recovered one costs, not an open one's.
+    /// would, and has the journal drop its cached projections and records: it is recovered from
+    /// the journal when a command next names it. A passivated session's memory is then what a
+    /// recovered one costs, not an open one's.
     fn make_dormant(&mut self, id: &SessionId) {
         let idle = self.sessions.get(id).is_some_and(|state| {
             state.active.is_none() && state.status() == SessionStatus::Passivated
@@ -1608,6 +1609,7 @@ impl Dispatcher {
             return; // reopened meanwhile: a send arrived before the record was durable
         }
         if let Some(state) = self.sessions.remove(id) {
+            self.journal.release(id);
             self.dormant
                 .insert(id.clone(), (state.registration, state.slot));
             // The table keeps its capacity, hundreds of bytes a slot: give it back after a mass

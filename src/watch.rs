@@ -118,6 +118,10 @@ impl Journal for WatchedJournal {
         self.inner.kv_get_cached(session, key)
     }
 
+    fn release(&self, session: &SessionId) {
+        self.inner.release(session)
+    }
+
     fn delete(&self, session: &SessionId) -> Result<(), JournalError> {
         self.inner.delete(session)?;
         self.bump();

@@ -741,6 +741,22 @@ impl Journal for DiskJournal {
         }
     }
 
+    /// Drops the projections and the copies of written records, and trims the index to its
+    /// length. Records not yet written stay cached: they cannot be read back yet.
+    fn release(&self, session: &SessionId) {
+        let shared = &self.shared;
+        let Ok(arc) = shared.lookup(session) else {
+            return;
+        };
+        let mut s = arc.lock();
+        shared.prune(&mut s);
+        if s.unwritten.is_empty() {
+            s.unwritten = VecDeque::new();
+        }
+        s.locs.shrink_to_fit();
+        shared.unload(&mut s);
+    }
+
     fn delete(&self, session: &SessionId) -> Result<(), JournalError> {
         let shared = &self.shared;
         shared.check_writable()?;
@@ -2214,6 +2230,46 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn a_released_session_drops_its_projections_and_reads_back_the_same() {
+        let dir = TempDir::new("release");
+        let journal = open_small(&dir);
+        let memory = MemoryJournal::new();
+        let session = id(1);
+        journal.create(&session, created()).unwrap();
+        memory.create(&session, created()).unwrap();
+        workload(&[&journal, &memory], &session, 3);
+        journal.view(&session).unwrap();
+        assert_eq!(journal.stats().loaded_sessions, 1);
+        journal.sync().unwrap();
+        let before = journal.read(&session, 0, 1000).unwrap();
+        journal.release(&session);
+        assert_eq!(journal.stats().loaded_sessions, 0);
+        assert_eq!(journal.read(&session, 0, 1000).unwrap(), before);
+        // Released at once after an append, perhaps before the record is written: it is kept.
+        for n in 0..20 {
+            journal.append(&session, kv(json!(n))).unwrap();
+            memory.append(&session, kv(json!(n))).unwrap();
+            journal.release(&session);
+        }
+        assert_eq!(
+            journal.view(&session).unwrap(),
+            memory.view(&session).unwrap()
+        );
+        assert_eq!(
+            journal.read(&session, 0, 1000).unwrap().len(),
+            before.len() + 20
+        );
+        assert_eq!(journal.kv_get(&session, "v").unwrap(), Some(json!(19)));
+        journal.release(&id(2)); // never created: nothing to do
+        drop(journal);
+        let reopened = open_small(&dir);
+        assert_eq!(
+            reopened.view(&session).unwrap(),
+            memory.view(&session).unwrap()
+        );
     }
 
     #[test]

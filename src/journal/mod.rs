@@ -293,6 +293,16 @@ pub trait Journal: Send + Sync + 'static {
         None
     }
 
+    /// The session goes quiet for a long while (it was passivated): drops what the journal keeps
+    /// in memory only to serve it fast (its projections, its copies of written records, spare
+    /// capacity), so that it costs what a recovered session costs. Everything is still on disk
+    /// and is read back when the session is next used. Never blocks on I/O; does nothing for a
+    /// session that does not exist. The default (for journals that hold nothing spare) does
+    /// nothing. A wrapper that delegates to another journal should delegate this too.
+    fn release(&self, session: &SessionId) {
+        let _ = session;
+    }
+
     /// Makes the session unreadable at once: every later call naming it fails
     /// [`JournalError::UnknownSession`] (an append racing with the delete either lands before it
     /// or fails). Space is reclaimed later. [`JournalError::UnknownSession`] if it does not exist.
