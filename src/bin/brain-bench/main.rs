@@ -790,6 +790,14 @@ fn print_probes(probes: &serde_json::Map<String, Value>) {
             memory["private_passivated"],
             memory["open_seconds"].as_f64().unwrap_or(0.0),
         );
+        if let (Some(open), Some(passivated)) = (
+            memory["heap_open_bytes_per_session"].as_f64(),
+            memory["heap_passivated_bytes_per_session"].as_f64(),
+        ) {
+            println!(
+                "memory (heap in use, glibc mallinfo2): {open:.0} B per open idle session, {passivated:.0} B per passivated session; the rest of the private figure is freed memory the allocator keeps"
+            );
+        }
     }
     if let Some(startup) = probes.get("startup") {
         println!(

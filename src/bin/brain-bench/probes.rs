@@ -24,6 +24,23 @@ pub fn private_bytes() -> u64 {
         * 1024
 }
 
+/// Bytes the allocator has handed out and not had back (glibc's `mallinfo2`: `uordblks`, the
+/// arenas' chunks in use, plus `hblkhd`, the chunks mapped on their own): the live heap, which
+/// private memory exceeds by what the allocator keeps after frees. `None` off glibc.
+pub fn heap_in_use() -> Option<u64> {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: mallinfo2 takes no arguments, only reads the allocator's own counters (under
+        // its arena locks) and returns a plain struct by value; glibc has it since 2.33.
+        let info = unsafe { libc::mallinfo2() };
+        Some((info.uordblks + info.hblkhd) as u64)
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    {
+        None
+    }
+}
+
 /// This process's threads by name, digits replaced by `N` (`brain-callback-N`: 64).
 pub fn thread_names() -> Value {
     let mut names = std::collections::BTreeMap::<String, u64>::new();
@@ -184,18 +201,22 @@ pub fn memory_main(args: &[String]) -> Result<(), String> {
     drop(warm);
     settle();
     let before = private_bytes();
+    let heap_before = heap_in_use();
     let began = Instant::now();
     let ids = open_sessions(&brain, count, threads)?;
     let open_seconds = began.elapsed().as_secs_f64();
     settle();
     let open = private_bytes();
+    let heap_open = heap_in_use();
     let began = Instant::now();
     passivate(&brain, &ids, threads)?;
     let passivate_seconds = began.elapsed().as_secs_f64();
     settle();
     let passivated = private_bytes();
+    let heap_passivated = heap_in_use();
     brain.shutdown(Duration::from_secs(5));
     let per = |after: u64| (after as f64 - before as f64) / count as f64;
+    let heap_per = |after: Option<u64>| Some((after? as f64 - heap_before? as f64) / count as f64);
     println!(
         "{}",
         json!({
@@ -205,6 +226,9 @@ pub fn memory_main(args: &[String]) -> Result<(), String> {
             "private_passivated": passivated,
             "open_idle_bytes_per_session": per(open),
             "passivated_bytes_per_session": per(passivated),
+            "heap_before": heap_before,
+            "heap_open_bytes_per_session": heap_per(heap_open),
+            "heap_passivated_bytes_per_session": heap_per(heap_passivated),
             "open_seconds": open_seconds,
             "passivate_seconds": passivate_seconds,
             "bench_bytes_per_session": std::mem::size_of::<SessionId>() + 32,
