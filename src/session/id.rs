@@ -11,22 +11,29 @@ const ALPHABET: &[u8; 62] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmn
 /// A validated session id. Brain generates them; an id from outside is parsed with
 /// [`SessionId::parse`] before it is used anywhere, so it can never name a path outside its
 /// directory (it has no `/`, `.` or other separator).
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-#[serde(transparent)]
-pub struct SessionId(String);
+///
+/// Held inline (24 bytes, the size of a `String`'s handle), so that a copy, which every message
+/// about a session makes, allocates nothing, and an idle session's entries in Brain's maps hold
+/// no heap memory of their own. Ordered as its text is.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SessionId([u8; ID_LEN]);
+
+const ID_LEN: usize = PREFIX.len() + BODY_LEN;
 
 impl SessionId {
     /// A fresh random id from the operating system's random source (`/dev/urandom`).
     pub fn generate() -> std::io::Result<SessionId> {
         let mut file = std::fs::File::open("/dev/urandom")?;
-        let mut id = String::with_capacity(PREFIX.len() + BODY_LEN);
-        id.push_str(PREFIX);
+        let mut id = [0u8; ID_LEN];
+        id[..PREFIX.len()].copy_from_slice(PREFIX.as_bytes());
+        let mut filled = PREFIX.len();
         let mut byte = [0u8; 1];
-        while id.len() < PREFIX.len() + BODY_LEN {
+        while filled < ID_LEN {
             file.read_exact(&mut byte)?;
             // Rejection sampling keeps every character equally likely: 248 = 4 × 62.
             if byte[0] < 248 {
-                id.push(char::from(ALPHABET[usize::from(byte[0] % 62)]));
+                id[filled] = ALPHABET[usize::from(byte[0] % 62)];
+                filled += 1;
             }
         }
         Ok(SessionId(id))
@@ -49,18 +56,34 @@ impl SessionId {
                 "session id {shown:?} must be {PREFIX:?} followed by {BODY_LEN} ASCII letters or digits"
             ));
         }
-        Ok(SessionId(text.to_owned()))
+        let mut id = [0u8; ID_LEN];
+        // Checked above: `ses_` and BODY_LEN ASCII characters, ID_LEN bytes in all.
+        id.copy_from_slice(text.as_bytes());
+        Ok(SessionId(id))
     }
 
     /// The id as text.
     pub fn as_str(&self) -> &str {
-        &self.0
+        // Every constructor writes ASCII only, so this never falls back.
+        std::str::from_utf8(&self.0).unwrap_or_default()
     }
 }
 
 impl fmt::Display for SessionId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(self.as_str())
+    }
+}
+
+impl fmt::Debug for SessionId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("SessionId").field(&self.as_str()).finish()
+    }
+}
+
+impl Serialize for SessionId {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
     }
 }
 
@@ -82,6 +105,36 @@ mod tests {
         assert_ne!(a, b);
         assert_eq!(SessionId::parse(a.as_str()), Ok(a.clone()));
         assert_eq!(a.as_str().len(), 24);
+    }
+
+    #[test]
+    fn an_id_is_inline_and_reads_serialises_and_orders_as_its_text() {
+        assert_eq!(std::mem::size_of::<SessionId>(), 24);
+        let text = "ses_0123456789ABCDEFabcd";
+        let id = SessionId::parse(text).unwrap();
+        assert_eq!(id.as_str(), text);
+        assert_eq!(id.to_string(), text);
+        assert_eq!(format!("{id:?}"), format!("SessionId({text:?})"));
+        assert_eq!(serde_json::to_string(&id).unwrap(), format!("\"{text}\""));
+        assert_eq!(
+            serde_json::from_str::<SessionId>(&format!("\"{text}\"")).unwrap(),
+            id
+        );
+        let mut ids: Vec<SessionId> = ["ses_b0000000000000000000", "ses_A0000000000000000000"]
+            .iter()
+            .chain(&[text])
+            .map(|t| SessionId::parse(t).unwrap())
+            .collect();
+        ids.sort();
+        let mut texts: Vec<&str> = ids.iter().map(SessionId::as_str).collect();
+        let sorted = {
+            let mut t = texts.clone();
+            t.sort();
+            t
+        };
+        assert_eq!(texts, sorted);
+        texts.dedup();
+        assert_eq!(texts.len(), 3);
     }
 
     #[test]
