@@ -37,7 +37,9 @@
 //!   tail. A failed write or flush is fatal: it is logged, never retried, every waiting callback
 //!   and every later append, create, delete and flush fails with `journal_failed`.
 //! - **Memory.** Per live session the journal keeps the place of each record (16 bytes a record),
-//!   its last timestamp, and the records appended but not yet written (dropped once written).
+//!   its last timestamp, and the records appended but not yet written (dropped once written). A
+//!   quiet session (recovered and not used since, or released by [`Journal::release`]) keeps only
+//!   its places, in one list shared by all quiet sessions, and no allocation of its own.
 //!   Projections ([`SessionView`]) and the list of pending events are built from disk on first
 //!   use and kept for at most [`DiskJournalOptions::max_loaded_sessions`] sessions; beyond that
 //!   the least recently loaded are evicted (rebuilt from disk when needed again). `read` never
@@ -177,7 +179,7 @@ struct Shared {
     options: DiskJournalOptions,
     /// Opened with [`DiskJournal::open_read_only`]: nothing is ever written.
     read_only: bool,
-    sessions: RwLock<HashMap<SessionId, Arc<Mutex<Session>>>>,
+    sessions: RwLock<Sessions>,
     log: Mutex<Log>,
     /// Held by the one thread flushing; only ever tried (`try_lock`), never waited for.
     flusher: Mutex<Flusher>,
@@ -249,6 +251,99 @@ struct Counters {
     batches: AtomicU64,
     directory_syncs: AtomicU64,
     bytes: AtomicU64,
+}
+
+/// Every existing session, live or quiet.
+#[derive(Default)]
+struct Sessions {
+    map: HashMap<SessionId, Entry>,
+    /// The record places of the quiet sessions, each a span of it: one allocation for all of
+    /// them, so that a quiet session pins no page of the heap.
+    quiet_locs: Vec<Loc>,
+    /// Places in `quiet_locs` that no quiet session refers to any more.
+    garbage: usize,
+}
+
+/// A session in the map.
+enum Entry {
+    /// Its index and cached state, behind its own lock.
+    Live(Arc<Mutex<Session>>),
+    /// Released with every record written and readable (recovered sessions start so): its
+    /// places are `quiet_locs[start..start + len]`. Woken into a [`Session`] on its next use.
+    Quiet {
+        start: usize,
+        len: usize,
+        last_stamp: u64,
+    },
+}
+
+/// Garbage in [`Sessions::quiet_locs`] below which it is never compacted.
+const QUIET_GARBAGE_FLOOR: usize = 4096;
+
+impl Sessions {
+    /// The session, woken if it is quiet; `None` if it does not exist.
+    fn wake(&mut self, id: &SessionId) -> Option<Arc<Mutex<Session>>> {
+        let Sessions {
+            map,
+            quiet_locs,
+            garbage,
+        } = self;
+        let entry = map.get_mut(id)?;
+        if let Entry::Quiet {
+            start,
+            len,
+            last_stamp,
+        } = *entry
+        {
+            *garbage += len;
+            *entry = Entry::Live(Arc::new(Mutex::new(Session {
+                id: id.clone(),
+                locs: quiet_locs[start..start + len].to_vec(),
+                last_stamp,
+                unwritten: VecDeque::new(),
+                loaded: None,
+                refused: None,
+                deleted: false,
+            })));
+        }
+        match entry {
+            Entry::Live(arc) => Some(arc.clone()),
+            Entry::Quiet { .. } => None,
+        }
+    }
+
+    /// Makes the session quiet, with `locs` as its places (it must have every record written).
+    fn quiet(&mut self, id: &SessionId, locs: &[Loc], last_stamp: u64) {
+        self.compact_if_wasteful();
+        let start = self.quiet_locs.len();
+        self.quiet_locs.extend_from_slice(locs);
+        self.map.insert(
+            id.clone(),
+            Entry::Quiet {
+                start,
+                len: locs.len(),
+                last_stamp,
+            },
+        );
+    }
+
+    /// Rewrites `quiet_locs` without its garbage once that is most of it (amortised: the garbage
+    /// was at least as many places as are kept).
+    fn compact_if_wasteful(&mut self) {
+        if self.garbage < QUIET_GARBAGE_FLOOR || self.garbage * 2 < self.quiet_locs.len() {
+            return;
+        }
+        let mut kept = Vec::with_capacity(self.quiet_locs.len() - self.garbage);
+        for entry in self.map.values_mut() {
+            if let Entry::Quiet { start, len, .. } = entry {
+                let from = *start;
+                *start = kept.len();
+                kept.extend_from_slice(&self.quiet_locs[from..from + *len]);
+            }
+        }
+        self.quiet_locs = kept;
+        self.garbage = 0;
+    }
 }
 
 /// One session's index and cached state.
@@ -532,6 +627,15 @@ impl DiskJournal {
         })
     }
 
+    /// Whether the session is quiet (tests).
+    #[cfg(test)]
+    fn is_quiet(&self, session: &SessionId) -> bool {
+        matches!(
+            self.shared.sessions.read().map.get(session),
+            Some(Entry::Quiet { .. })
+        )
+    }
+
     /// Where a record's frame is: the segment file and the frame's offset (tests corrupt it).
     #[cfg(test)]
     fn locate(&self, session: &SessionId, sequence: u64) -> (PathBuf, u64) {
@@ -576,7 +680,7 @@ impl Journal for DiskJournal {
         let body = frame::encode_body(&record).map_err(JournalError::Failed)?;
         let arc = {
             let mut sessions = shared.sessions.write();
-            if sessions.contains_key(session) {
+            if sessions.map.contains_key(session) {
                 return Err(JournalError::AlreadyExists(session.clone()));
             }
             let recorded_at_ms = now_ms();
@@ -608,7 +712,9 @@ impl Journal for DiskJournal {
                 refused: None,
                 deleted: false,
             }));
-            sessions.insert(session.clone(), arc.clone());
+            sessions
+                .map
+                .insert(session.clone(), Entry::Live(arc.clone()));
             arc
         };
         shared.wake_writer();
@@ -741,20 +847,43 @@ impl Journal for DiskJournal {
         }
     }
 
-    /// Drops the projections and the copies of written records, and trims the index to its
-    /// length. Records not yet written stay cached: they cannot be read back yet.
+    /// Drops the projections and the copies of written records and, when every record is
+    /// written and nobody else is using the session, makes it quiet: its places move into the
+    /// journal's one shared list and it keeps no allocation of its own. Otherwise (records not
+    /// yet written, which cannot be read back yet; an unreadable session, which keeps its
+    /// refusal) it stays live, trimmed.
     fn release(&self, session: &SessionId) {
         let shared = &self.shared;
-        let Ok(arc) = shared.lookup(session) else {
-            return;
+        let arc = match shared.sessions.read().map.get(session) {
+            Some(Entry::Live(arc)) => arc.clone(),
+            Some(Entry::Quiet { .. }) | None => return,
         };
         let mut s = arc.lock();
-        shared.prune(&mut s);
-        if s.unwritten.is_empty() {
-            s.unwritten = VecDeque::new();
+        if s.deleted {
+            return;
         }
-        s.locs.shrink_to_fit();
+        shared.prune(&mut s);
         shared.unload(&mut s);
+        if s.refused.is_some() || !s.unwritten.is_empty() {
+            s.unwritten.shrink_to_fit();
+            s.locs.shrink_to_fit();
+            return;
+        }
+        shared
+            .loaded
+            .lock()
+            .retain(|queued| !Arc::ptr_eq(queued, &arc));
+        // The session's lock, then the map's, as `delete` takes them.
+        let mut sessions = shared.sessions.write();
+        // Only the map and this call hold it: a thread that looked it up and waits for its lock
+        // must find it in the map still, or its record would go to a copy nobody reads.
+        if Arc::strong_count(&arc) > 2 {
+            return;
+        }
+        debug_assert!(
+            matches!(sessions.map.get(session), Some(Entry::Live(a)) if Arc::ptr_eq(a, &arc))
+        );
+        sessions.quiet(session, &s.locs, s.last_stamp);
     }
 
     fn delete(&self, session: &SessionId) -> Result<(), JournalError> {
@@ -784,8 +913,10 @@ impl Journal for DiskJournal {
                 shared.place(bytes, Placement::Tombstone(&s.locs))?;
                 // Only `delete` removes an entry, and it holds the session's lock to do so: the
                 // entry is still this session's.
-                debug_assert!(sessions.get(session).is_some_and(|a| Arc::ptr_eq(a, &arc)));
-                sessions.remove(session);
+                debug_assert!(
+                    matches!(sessions.map.get(session), Some(Entry::Live(a)) if Arc::ptr_eq(a, &arc))
+                );
+                sessions.map.remove(session);
             }
             s.deleted = true;
             s.locs = Vec::new();
@@ -799,7 +930,7 @@ impl Journal for DiskJournal {
     }
 
     fn sessions(&self) -> Result<Vec<SessionId>, JournalError> {
-        let mut ids: Vec<SessionId> = self.shared.sessions.read().keys().cloned().collect();
+        let mut ids: Vec<SessionId> = self.shared.sessions.read().map.keys().cloned().collect();
         ids.sort();
         Ok(ids)
     }
@@ -841,27 +972,39 @@ impl Shared {
             .values()
             .filter(|s| s.refused.is_some())
             .count();
-        let sessions: HashMap<SessionId, Arc<Mutex<Session>>> = recovered
-            .sessions
-            .into_iter()
-            .map(|(id, found)| {
-                let session = Session {
-                    id: id.clone(),
-                    locs: found.locs,
-                    last_stamp: found.last_stamp,
-                    unwritten: VecDeque::new(),
-                    loaded: None,
-                    refused: found.refused,
-                    deleted: false,
-                };
-                (id, Arc::new(Mutex::new(session)))
-            })
-            .collect();
+        // Every readable session starts quiet: nothing of it is in memory but its places.
+        let mut sessions = Sessions::default();
+        sessions.quiet_locs.reserve_exact(
+            recovered
+                .sessions
+                .values()
+                .filter(|found| found.refused.is_none())
+                .map(|found| found.locs.len())
+                .sum(),
+        );
+        for (id, found) in recovered.sessions {
+            if found.refused.is_none() {
+                sessions.quiet(&id, &found.locs, found.last_stamp);
+                continue;
+            }
+            let session = Session {
+                id: id.clone(),
+                locs: found.locs,
+                last_stamp: found.last_stamp,
+                unwritten: VecDeque::new(),
+                loaded: None,
+                refused: found.refused,
+                deleted: false,
+            };
+            sessions
+                .map
+                .insert(id, Entry::Live(Arc::new(Mutex::new(session))));
+        }
         log::info!(
             "journal: opened {}{} ({} sessions, {refused} of them unreadable, {} segments)",
             dir.display(),
             if read_only { " read-only" } else { "" },
-            sessions.len(),
+            sessions.map.len(),
             ids.len()
         );
         Shared {
@@ -910,12 +1053,15 @@ impl Shared {
         Err(JournalError::Failed(why))
     }
 
-    /// The session's state, or `UnknownSession`. The map lock is released before returning.
+    /// The session's state (woken, under the map's write lock, if it is quiet), or
+    /// `UnknownSession`. The map lock is released before returning.
     fn lookup(&self, session: &SessionId) -> Result<Arc<Mutex<Session>>, JournalError> {
+        if let Some(Entry::Live(arc)) = self.sessions.read().map.get(session) {
+            return Ok(arc.clone());
+        }
         self.sessions
-            .read()
-            .get(session)
-            .cloned()
+            .write()
+            .wake(session)
             .ok_or_else(|| JournalError::UnknownSession(session.clone()))
     }
 
@@ -2247,13 +2393,18 @@ mod tests {
         let before = journal.read(&session, 0, 1000).unwrap();
         journal.release(&session);
         assert_eq!(journal.stats().loaded_sessions, 0);
+        assert!(journal.is_quiet(&session));
         assert_eq!(journal.read(&session, 0, 1000).unwrap(), before);
+        assert!(!journal.is_quiet(&session), "a read wakes it");
         // Released at once after an append, perhaps before the record is written: it is kept.
         for n in 0..20 {
             journal.append(&session, kv(json!(n))).unwrap();
             memory.append(&session, kv(json!(n))).unwrap();
             journal.release(&session);
         }
+        journal.sync().unwrap();
+        journal.release(&session);
+        assert!(journal.is_quiet(&session));
         assert_eq!(
             journal.view(&session).unwrap(),
             memory.view(&session).unwrap()
@@ -2264,12 +2415,97 @@ mod tests {
         );
         assert_eq!(journal.kv_get(&session, "v").unwrap(), Some(json!(19)));
         journal.release(&id(2)); // never created: nothing to do
+        assert!(!journal.is_quiet(&id(2)));
+        // A quiet session can be deleted, and its id created again.
+        let deleted = id(3);
+        journal.create(&deleted, created()).unwrap();
+        journal.sync().unwrap();
+        journal.release(&deleted);
+        assert!(journal.is_quiet(&deleted));
+        journal.delete(&deleted).unwrap();
+        assert!(matches!(
+            journal.read(&deleted, 0, 10),
+            Err(JournalError::UnknownSession(_))
+        ));
+        journal.create(&deleted, created()).unwrap();
+        assert_eq!(journal.read(&deleted, 0, 10).unwrap().len(), 1);
         drop(journal);
         let reopened = open_small(&dir);
+        assert!(
+            reopened.is_quiet(&session),
+            "recovered sessions start quiet"
+        );
         assert_eq!(
             reopened.view(&session).unwrap(),
             memory.view(&session).unwrap()
         );
+        assert_eq!(reopened.read(&deleted, 0, 10).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn releases_racing_with_appends_lose_no_record() {
+        let dir = TempDir::new("release-race");
+        let journal = Arc::new(open_small(&dir));
+        let sessions: Vec<SessionId> = (0..4).map(id).collect();
+        for session in &sessions {
+            journal.create(session, created()).unwrap();
+        }
+        let appended = 300u64;
+        let stop = Arc::new(AtomicBool::new(false));
+        let releaser = {
+            let (journal, sessions, stop) = (journal.clone(), sessions.clone(), stop.clone());
+            thread::spawn(move || {
+                let mut quieted = 0u64;
+                while !stop.load(Ordering::Acquire) {
+                    for session in &sessions {
+                        journal.release(session);
+                        quieted += u64::from(journal.is_quiet(session));
+                    }
+                }
+                quieted
+            })
+        };
+        let writers: Vec<_> = sessions
+            .iter()
+            .map(|session| {
+                let (journal, session) = (journal.clone(), session.clone());
+                thread::spawn(move || {
+                    for n in 0..appended {
+                        let sequence = if n % 3 == 0 {
+                            journal.append_durable(&session, kv(json!(n))).unwrap()
+                        } else {
+                            journal.append(&session, kv(json!(n))).unwrap()
+                        };
+                        assert_eq!(sequence, n + 2);
+                    }
+                })
+            })
+            .collect();
+        for writer in writers {
+            writer.join().unwrap();
+        }
+        stop.store(true, Ordering::Release);
+        let quieted = releaser.join().unwrap();
+        assert!(quieted > 0, "the race never made a session quiet");
+        journal.sync().unwrap();
+        for session in &sessions {
+            journal.release(session);
+            assert!(journal.is_quiet(session));
+        }
+        let check = |journal: &DiskJournal| {
+            for session in &sessions {
+                let events = journal.read(session, 0, 1000).unwrap();
+                assert_eq!(events.len() as u64, appended + 1);
+                for (n, event) in events.iter().skip(1).enumerate() {
+                    assert_eq!(event.sequence, n as u64 + 2);
+                    assert_eq!(event.data["value"], json!(n));
+                }
+            }
+        };
+        check(&journal);
+        let journal = Arc::try_unwrap(journal).ok().unwrap();
+        drop(journal);
+        check(&open_small(&dir));
     }
 
     #[test]
