@@ -246,6 +246,10 @@ impl Brain {
     /// keys or required model metadata, and deployment configuration keys the harness does not
     /// declare. Workers that failed are not a refusal: they are respawned, and [`Brain::ready`]
     /// tells whether any worker serves.
+    ///
+    /// On glibc, Brain tunes the process's allocator so that memory freed by passivated sessions
+    /// goes back to the operating system: it fixes malloc's trim threshold at 128 KiB and trims
+    /// the heap shortly after sessions are passivated. A program embedding Brain shares this.
     pub fn start(config: Config) -> Result<Brain, StartError> {
         Brain::start_until(config, &crossbeam_channel::never())
     }
@@ -258,6 +262,7 @@ impl Brain {
         abort: &crossbeam_channel::Receiver<()>,
     ) -> Result<Brain, StartError> {
         let cwd = std::env::current_dir().map_err(io_error("reading the working directory"))?;
+        crate::heap::keep_little();
         let mut resolved = Vec::with_capacity(config.registrations.len());
         for registration in config.registrations.iter() {
             let program = registration.resolve_command(&cwd)?;
@@ -367,6 +372,7 @@ impl Brain {
             sessions: HashMap::new(),
             dormant: dormant.into_iter().collect(),
             data_dir: options.data_dir.clone(),
+            trim_due: false,
             registrations,
             journal: journal.clone(),
             effects: config.effects,

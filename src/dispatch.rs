@@ -140,6 +140,8 @@ pub(crate) struct Dispatcher {
     pub(crate) dormant: HashMap<SessionId, (usize, u32)>,
     /// Where native state lives, for sessions loaded on first use.
     pub(crate) data_dir: std::path::PathBuf,
+    /// A [`Deadline::TrimHeap`] is set: sessions were made dormant since the last trim.
+    pub(crate) trim_due: bool,
     /// The registrations, in the pool's order, for sessions loaded on first use.
     pub(crate) registrations: Vec<crate::config::Registration>,
 }
@@ -260,6 +262,10 @@ impl Dispatcher {
                 if self.stopping.as_ref().is_some_and(|s| !s.workers_stopped) {
                     self.cancel_and_proceed();
                 }
+            }
+            Deadline::TrimHeap => {
+                self.trim_due = false;
+                crate::heap::give_back();
             }
             other => self.pool.on_deadline(other),
         }

@@ -23,6 +23,7 @@ pub mod effects;
 pub mod fuzzing;
 mod handoff;
 pub mod harness;
+mod heap;
 pub mod http;
 pub mod journal;
 mod metrics;

@@ -63,6 +63,8 @@ pub(crate) enum Deadline {
     Respawn(WorkerKey),
     /// `shutdown` was sent this long ago: kill whatever is left.
     ShutdownKill(WorkerKey),
+    /// Sessions were made dormant a moment ago: give the memory they freed back.
+    TrimHeap,
 }
 
 /// A request Brain sent to a worker and still waits for.
@@ -589,7 +591,8 @@ impl Pool {
             | Deadline::FatalGrace { .. }
             | Deadline::Wall { .. }
             | Deadline::ShutdownProceed
-            | Deadline::DrainExpired => {
+            | Deadline::DrainExpired
+            | Deadline::TrimHeap => {
                 log::error!("the pool was handed a session deadline: {deadline:?}");
             }
             Deadline::ShutdownKill(key) => {

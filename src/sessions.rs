@@ -40,6 +40,10 @@ use crate::dispatch::Reply;
 /// The longest failure message kept in `activation_finished`.
 const MAX_FAILURE_MESSAGE: usize = 4096;
 
+/// How long after a session is made dormant the heap is trimmed (crate::heap): long enough to
+/// cover a wave of passivations with one trim, short enough that the memory is back soon.
+const TRIM_AFTER: Duration = Duration::from_millis(200);
+
 /// The most pending events one `run` carries.
 const MAX_RUN_EVENTS: usize = 1000;
 
@@ -1610,6 +1614,12 @@ impl Dispatcher {
         }
         if let Some(state) = self.sessions.remove(id) {
             self.journal.release(id);
+            // Passivations come in waves; one trim a moment after the first covers the wave.
+            if !self.trim_due {
+                self.trim_due = true;
+                self.timer
+                    .at(Instant::now() + TRIM_AFTER, Deadline::TrimHeap);
+            }
             self.dormant
                 .insert(id.clone(), (state.registration, state.slot));
             // The table keeps its capacity, hundreds of bytes a slot: give it back after a mass
