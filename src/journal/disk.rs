@@ -766,6 +766,22 @@ impl Journal for DiskJournal {
         limit: usize,
     ) -> Result<Vec<Event>, JournalError> {
         let shared = &self.shared;
+        // A quiet session is read without waking it: listing sessions at start reads the first
+        // record of each, and a passivated session's events may be read at any time.
+        if let Some(places) = shared.quiet_places(session, after, limit) {
+            let events = places
+                .into_iter()
+                .map(|(sequence, loc)| {
+                    shared
+                        .fetch_written(session, sequence, loc)
+                        .map(|stored| stored.event(sequence))
+                })
+                .collect();
+            // A damaged frame must make the session unreadable: the live path below records it.
+            if !matches!(events, Err(JournalError::Corrupt { .. })) {
+                return events;
+            }
+        }
         shared.with_session(session, |s| {
             let last = s.locs.len() as u64;
             let start = after.min(last);
@@ -1053,6 +1069,30 @@ impl Shared {
         Err(JournalError::Failed(why))
     }
 
+    /// The sequences and places of the records [`Journal::read`] would return, if the session
+    /// is quiet (copied under the map's read lock: a quiet session's places never change). The
+    /// records are then read without any lock, so a read racing with the session's delete and a
+    /// compaction may fail to find a removed segment rather than return the records.
+    fn quiet_places(
+        &self,
+        session: &SessionId,
+        after: u64,
+        limit: usize,
+    ) -> Option<Vec<(u64, Loc)>> {
+        let sessions = self.sessions.read();
+        let Some(&Entry::Quiet { start, len, .. }) = sessions.map.get(session) else {
+            return None;
+        };
+        let last = len as u64;
+        let first = after.min(last);
+        let count = (last - first).min(u64::try_from(limit).unwrap_or(u64::MAX));
+        Some(
+            (first + 1..=first + count)
+                .map(|sequence| (sequence, sessions.quiet_locs[start + sequence as usize - 1]))
+                .collect(),
+        )
+    }
+
     /// The session's state (woken, under the map's write lock, if it is quiet), or
     /// `UnknownSession`. The map lock is released before returning.
     fn lookup(&self, session: &SessionId) -> Result<Arc<Mutex<Session>>, JournalError> {
@@ -1129,16 +1169,26 @@ impl Shared {
             .ok_or_else(|| {
                 JournalError::Failed(format!("session {}: no record {sequence}", s.id))
             })?;
+        self.fetch_written(&s.id, sequence, loc)
+    }
+
+    /// The record with `sequence` of `session`, written at `loc`, from disk.
+    fn fetch_written(
+        &self,
+        session: &SessionId,
+        sequence: u64,
+        loc: Loc,
+    ) -> Result<Stored, JournalError> {
         let path = segment::path(&self.dir, loc.segment());
         let corrupt = |why: String| JournalError::Corrupt {
             file: path.clone(),
             offset: loc.offset(),
-            why: format!("record {sequence} of session {}: {why}", s.id),
+            why: format!("record {sequence} of session {session}: {why}"),
         };
         let bytes = self.read_frame(loc, &path)?;
         let (address, body) = frame::decode(&bytes).map_err(corrupt)?;
         if address.frame_type != FrameType::Record
-            || address.session != s.id
+            || address.session != *session
             || address.sequence != sequence
         {
             return Err(corrupt(format!(
@@ -2395,7 +2445,13 @@ mod tests {
         assert_eq!(journal.stats().loaded_sessions, 0);
         assert!(journal.is_quiet(&session));
         assert_eq!(journal.read(&session, 0, 1000).unwrap(), before);
-        assert!(!journal.is_quiet(&session), "a read wakes it");
+        assert_eq!(journal.read(&session, 2, 3).unwrap(), before[2..5]);
+        assert!(journal.is_quiet(&session), "a read leaves it quiet");
+        assert_eq!(
+            journal.view(&session).unwrap(),
+            memory.view(&session).unwrap()
+        );
+        assert!(!journal.is_quiet(&session), "a view wakes it");
         // Released at once after an append, perhaps before the record is written: it is kept.
         for n in 0..20 {
             journal.append(&session, kv(json!(n))).unwrap();
@@ -2435,6 +2491,8 @@ mod tests {
             reopened.is_quiet(&session),
             "recovered sessions start quiet"
         );
+        assert_eq!(reopened.read(&session, 0, 1).unwrap().len(), 1);
+        assert!(reopened.is_quiet(&session));
         assert_eq!(
             reopened.view(&session).unwrap(),
             memory.view(&session).unwrap()
