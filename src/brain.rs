@@ -248,8 +248,9 @@ impl Brain {
     /// tells whether any worker serves.
     ///
     /// On glibc, Brain tunes the process's allocator so that memory freed by passivated sessions
-    /// goes back to the operating system: it fixes malloc's trim threshold at 128 KiB and trims
-    /// the heap shortly after sessions are passivated. A program embedding Brain shares this.
+    /// goes back to the operating system: once started, it fixes malloc's trim threshold at
+    /// 128 KiB, and it trims the heap shortly after sessions are passivated. A program embedding
+    /// Brain shares this.
     pub fn start(config: Config) -> Result<Brain, StartError> {
         Brain::start_until(config, &crossbeam_channel::never())
     }
@@ -262,7 +263,6 @@ impl Brain {
         abort: &crossbeam_channel::Receiver<()>,
     ) -> Result<Brain, StartError> {
         let cwd = std::env::current_dir().map_err(io_error("reading the working directory"))?;
-        crate::heap::keep_little();
         let mut resolved = Vec::with_capacity(config.registrations.len());
         for registration in config.registrations.iter() {
             let program = registration.resolve_command(&cwd)?;
@@ -412,7 +412,11 @@ impl Brain {
             recv(abort) -> _ => Err(crossbeam_channel::RecvError),
         };
         match outcome {
-            Ok(Ok(())) => Ok(brain),
+            Ok(Ok(())) => {
+                // After recovery, whose large read buffers glibc has learnt to keep on the heap.
+                crate::heap::keep_little();
+                Ok(brain)
+            }
             Ok(Err(refusal)) => {
                 brain.stop(Duration::ZERO);
                 Err(StartError {

@@ -7,7 +7,7 @@
 //! were opened and passivated, the heap held ≈ 46 MB of which 3 MB was in use, and the private
 //! memory stayed where the open sessions had taken it (docs/BENCHMARKS.md).
 //!
-//! So Brain fixes the trim threshold at glibc's initial 128 KiB ([`keep_little`], at start), and
+//! So Brain fixes the trim threshold at glibc's initial 128 KiB ([`keep_little`], once started), and
 //! trims the heap shortly after sessions are made dormant ([`give_back`], from the dispatcher).
 //! Both act on the whole process: an embedding program shares its allocator with Brain. Off
 //! glibc they do nothing.
@@ -18,9 +18,9 @@ const TRIM_THRESHOLD: libc::c_int = 128 * 1024;
 
 /// Fixes malloc's trim threshold, so that a thread arena's free top beyond 128 KiB is returned
 /// when a block is freed, however large the blocks the process freed before. Fixing it also
-/// stops glibc from raising its threshold for serving a block with its own mapping, which stays
-/// at 128 KiB: larger blocks are mapped and unmapped each time (Brain's are a journal write
-/// buffer and the occasional large payload).
+/// freezes glibc's threshold for serving a block with a mapping of its own where glibc's
+/// adjustments have brought it by then, which is why Brain calls this once started: frozen at
+/// 128 KiB before recovery, every read buffer of 128 KiB or more would get a mapping of its own.
 pub(crate) fn keep_little() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
