@@ -16,7 +16,8 @@
 //!   insert or remove a session), one mutex per session (its sequence is assigned, its frame
 //!   placed and its projections updated under it, so its order on disk is its sequence order),
 //!   and the placement lock (a few arithmetic steps and a push onto the queue). Nesting: a session's
-//!   mutex, then the map (only `delete`, while it places its tombstone), then the placement lock;
+//!   mutex, then the map (only `delete`, while it places its tombstone, and `release`, while it
+//!   makes the session quiet), then the placement lock;
 //!   `create` places its first record under the map's write lock, so a re-created session's
 //!   records always follow the tombstone of the deleted one. Nobody waits for a session's mutex
 //!   while holding the map. The flusher is only ever tried, never waited for, and while held it
