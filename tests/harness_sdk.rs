@@ -969,6 +969,55 @@ fn the_low_level_connection_skips_bad_lines_and_fails_calls_after_close() {
     threads.join().unwrap();
 }
 
+#[test]
+fn lines_from_many_threads_keep_each_threads_order_and_flush_covers_them() {
+    let (harness_reads, to_harness) = std::io::pipe().unwrap();
+    let (from_harness, harness_writes) = std::io::pipe().unwrap();
+    let (connection, threads) = Connection::new(harness_reads, harness_writes, 1024).unwrap();
+    let reader = thread::spawn(move || {
+        BufReader::new(from_harness)
+            .lines()
+            .map(Result::unwrap)
+            .collect::<Vec<String>>()
+    });
+    // Enough lines to fill the pipe several times over: some are written by their sender,
+    // others wait for the writer thread while a sender holds the output.
+    let (senders, per_sender) = (8usize, 2000usize);
+    let sending: Vec<_> = (0..senders)
+        .map(|t| {
+            let connection = connection.clone();
+            thread::spawn(move || {
+                for n in 0..per_sender {
+                    let line =
+                        format!("{{\"t\":{t},\"n\":{n},\"pad\":\"{}\"}}", "p".repeat(n % 97));
+                    connection.send_raw_line(line.into_bytes()).unwrap();
+                }
+                connection.flush().unwrap();
+            })
+        })
+        .collect();
+    for sender in sending {
+        sender.join().unwrap();
+    }
+    connection.close();
+    drop(connection);
+    let lines = reader.join().unwrap();
+    drop(to_harness);
+    threads.join().unwrap();
+    assert_eq!(lines.len(), senders * per_sender);
+    let mut next = vec![0u64; senders];
+    for line in &lines {
+        let value: Value = serde_json::from_str(line).unwrap();
+        let t = value["t"].as_u64().unwrap() as usize;
+        assert_eq!(
+            value["n"].as_u64().unwrap(),
+            next[t],
+            "thread {t} out of order"
+        );
+        next[t] += 1;
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // The fault harness
 

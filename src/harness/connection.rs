@@ -1,11 +1,11 @@
 //! [`Connection`]: the low-level, blocking JSON-RPC connection of a harness to Brain.
 
 use super::error::{CallError, SendError};
-use super::io::{self, IoThreads, Outgoing};
+use super::io::{self, IoThreads, Output};
 use super::pending::Pending;
 use crate::protocol::harness::method;
 use crate::protocol::jsonrpc::{self, Request, RequestId, RpcError};
-use crossbeam_channel::{Receiver, Sender};
+use crossbeam_channel::Receiver;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -25,8 +25,10 @@ const OUTGOING_QUEUE: usize = 1024;
 ///
 /// Two named threads do the I/O (see [`IoThreads`]): `harness-read` splits the input into lines of
 /// at most the line limit, decodes them, delivers Brain's requests on [`requests`](Self::requests)
-/// and hands responses to the [`call`](Self::call) waiting for them; `harness-write` writes each
-/// message as one line and flushes it. Lines that are not valid JSON-RPC, over-long lines and
+/// and hands responses to the [`call`](Self::call) waiting for them. Each message is written as one
+/// line and flushed, in the order given: by the sending thread itself when no earlier message waits
+/// to be written, else by `harness-write`, which drains a bounded queue. Lines that are not valid
+/// JSON-RPC, over-long lines and
 /// responses nobody waits for are logged at `warn` and skipped, never answered.
 ///
 /// A `Connection` is a cheap handle: clone it to use it from several threads; every method takes
@@ -36,7 +38,7 @@ const OUTGOING_QUEUE: usize = 1024;
 /// and later sends return [`SendError::Closed`].
 #[derive(Clone)]
 pub struct Connection {
-    outgoing: Sender<Outgoing>,
+    output: Arc<Output>,
     requests: Receiver<Request>,
     pending: Arc<Pending>,
     next_call: Arc<AtomicU64>,
@@ -72,19 +74,18 @@ impl Connection {
         R: Read + Send + 'static,
         W: Write + Send + 'static,
     {
-        let (outgoing, outgoing_rx) = crossbeam_channel::bounded(OUTGOING_QUEUE);
         let (requests_tx, requests) = crossbeam_channel::unbounded();
         let pending = Arc::new(Pending::default());
-        let threads = io::start(
+        let (output, threads) = io::start(
             reader,
             writer,
             max_line_bytes,
+            OUTGOING_QUEUE,
             requests_tx,
-            outgoing_rx,
             pending.clone(),
         )?;
         let connection = Connection {
-            outgoing,
+            output,
             requests,
             pending,
             next_call: Arc::new(AtomicU64::new(1)),
@@ -110,7 +111,8 @@ impl Connection {
 
     /// Answers Brain's request `id` with `result`.
     ///
-    /// Blocks only while the outgoing queue is full (Brain is not reading).
+    /// Blocks only while Brain is not reading: while this thread writes the line, or while the
+    /// outgoing queue is full.
     ///
     /// # Errors
     /// [`SendError::TooLong`] when the encoded answer exceeds the outgoing limit (nothing is sent;
@@ -188,7 +190,7 @@ impl Connection {
         self.pending
             .register(id.clone(), promise)
             .map_err(|reason| CallError::connection_closed(&reason))?;
-        if self.outgoing.send(Outgoing::Line(line)).is_err() {
+        if !self.output.line(line, &self.pending) {
             self.pending.forget(&id);
             return Err(self.closed_error());
         }
@@ -205,14 +207,16 @@ impl Connection {
     /// validating it in any way: not JSON, invalid UTF-8, over the limit — all are written as
     /// given. A correct harness never needs this.
     ///
-    /// Blocks only while the outgoing queue is full.
+    /// Blocks only while Brain is not reading (see [`respond`](Self::respond)).
     ///
     /// # Errors
     /// [`SendError::Closed`] when the writer has stopped.
     pub fn send_raw_line(&self, line: Vec<u8>) -> Result<(), SendError> {
-        self.outgoing
-            .send(Outgoing::Line(line))
-            .map_err(|_| SendError::Closed)
+        if self.output.line(line, &self.pending) {
+            Ok(())
+        } else {
+            Err(SendError::Closed)
+        }
     }
 
     /// Blocks until every message queued before this call (from any clone) has been written and
@@ -221,11 +225,11 @@ impl Connection {
     /// # Errors
     /// [`SendError::Closed`] when the writer stopped before reaching this point.
     pub fn flush(&self) -> Result<(), SendError> {
-        let (ack_tx, ack_rx) = crossbeam_channel::bounded(1);
-        self.outgoing
-            .send(Outgoing::Flush(ack_tx))
-            .map_err(|_| SendError::Closed)?;
-        ack_rx.recv().map_err(|_| SendError::Closed)
+        if self.output.flush() {
+            Ok(())
+        } else {
+            Err(SendError::Closed)
+        }
     }
 
     /// Stops the writer once the messages already queued are written: afterwards every send from
@@ -233,8 +237,7 @@ impl Connection {
     /// while the outgoing queue is full. The input side is unaffected: requests still arrive until
     /// Brain closes it.
     pub fn close(&self) {
-        // An error means the writer has already stopped, which is what we want.
-        let _ = self.outgoing.send(Outgoing::Close);
+        self.output.close();
     }
 
     fn send_checked(&self, line: Vec<u8>) -> Result<(), SendError> {

@@ -3,13 +3,20 @@
 //! Neither thread answers anything or waits for the other: the reader only decodes and dispatches
 //! (requests to a channel, responses to their callers), the writer only drains its channel. So a
 //! peer that stops reading can block the writer, never the reader.
+//!
+//! A line given to [`Output::line`] when no earlier line waits for the writer is written by the
+//! calling thread itself: a callback's request then reaches Brain without waking the writer
+//! thread (one thread switch fewer per callback, as Brain's dispatcher does for a worker's
+//! stdin). Lines still go out in the order they were given.
 
 use super::pending::Pending;
 use crate::protocol::framing::{Frame, LineReader};
 use crate::protocol::jsonrpc::{self, Message, Request, RpcError};
 use crossbeam_channel::{Receiver, Sender};
+use parking_lot::Mutex;
 use std::io::{self, Read, Write};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 
 /// How many bytes of a bad line are logged.
@@ -23,6 +30,91 @@ pub(crate) enum Outgoing {
     Flush(Sender<()>),
     /// Stop after everything queued before.
     Close,
+}
+
+/// The harness's side of the output: the writer, the writer thread's queue, and how many lines
+/// wait in it.
+pub(crate) struct Output {
+    queue: Sender<Outgoing>,
+    /// Lines handed to the writer thread and not yet written. A caller writes its line itself
+    /// only while this is zero, so it never overtakes a queued line.
+    queued: AtomicUsize,
+    /// Set by [`Output::close`]: no line is written directly any more.
+    closing: AtomicBool,
+    sink: Mutex<Sink>,
+}
+
+/// The writer, and whether it may still be written to.
+struct Sink {
+    writer: Box<dyn Write + Send>,
+    /// The writer thread stopped, or a write failed.
+    stopped: bool,
+}
+
+impl Sink {
+    /// Writes `line` and a newline with one `write_all` (a writer that serialises whole calls,
+    /// as `Stdout` does, never interleaves another writer's bytes inside it) and flushes. On a
+    /// failure the sink stops and every pending call fails.
+    fn write_line(&mut self, mut line: Vec<u8>, pending: &Pending) -> bool {
+        line.push(b'\n');
+        match self
+            .writer
+            .write_all(&line)
+            .and_then(|()| self.writer.flush())
+        {
+            Ok(()) => true,
+            Err(error) => {
+                if error.kind() == io::ErrorKind::BrokenPipe {
+                    log::debug!("Brain closed the harness's stdout");
+                } else {
+                    log::warn!("writing to Brain failed: {error}");
+                }
+                self.stop(pending);
+                false
+            }
+        }
+    }
+
+    fn stop(&mut self, pending: &Pending) {
+        self.stopped = true;
+        pending.close("the connection's writer stopped");
+    }
+}
+
+impl Output {
+    /// Sends one line (without its newline): written at once on this thread when nothing waits
+    /// for the writer thread and nobody is writing, else queued (blocking while the queue is
+    /// full). `false` when the output has stopped or is closing.
+    pub(crate) fn line(&self, line: Vec<u8>, pending: &Pending) -> bool {
+        if self.queued.load(Ordering::Acquire) == 0
+            && !self.closing.load(Ordering::Acquire)
+            && let Some(mut sink) = self.sink.try_lock()
+            // Checked again under the sink: a line queued meanwhile must go first.
+            && self.queued.load(Ordering::Acquire) == 0
+        {
+            return !sink.stopped && sink.write_line(line, pending);
+        }
+        self.queued.fetch_add(1, Ordering::AcqRel);
+        if self.queue.send(Outgoing::Line(line)).is_err() {
+            self.queued.fetch_sub(1, Ordering::AcqRel);
+            return false;
+        }
+        true
+    }
+
+    /// Blocks until every line given before has been written and flushed; `false` when the
+    /// writer stopped first.
+    pub(crate) fn flush(&self) -> bool {
+        let (ack_tx, ack_rx) = crossbeam_channel::bounded(1);
+        self.queue.send(Outgoing::Flush(ack_tx)).is_ok() && ack_rx.recv().is_ok()
+    }
+
+    /// Stops the writer once the lines already given are written.
+    pub(crate) fn close(&self) {
+        self.closing.store(true, Ordering::Release);
+        // An error means the writer has already stopped, which is what we want.
+        let _ = self.queue.send(Outgoing::Close);
+    }
 }
 
 /// The reader and writer threads of a [`Connection`](super::Connection).
@@ -55,27 +147,38 @@ impl IoThreads {
     }
 }
 
-/// Starts both threads. `requests` receives Brain's requests; responses go to `pending`.
+/// Starts both threads. `requests` receives Brain's requests; responses go to `pending`. The
+/// writer thread's queue holds at most `queue_limit` messages.
 pub(crate) fn start<R, W>(
     reader: R,
     writer: W,
     max_line_bytes: usize,
+    queue_limit: usize,
     requests: Sender<Request>,
-    outgoing: Receiver<Outgoing>,
     pending: Arc<Pending>,
-) -> io::Result<IoThreads>
+) -> io::Result<(Arc<Output>, IoThreads)>
 where
     R: Read + Send + 'static,
     W: Write + Send + 'static,
 {
-    let writer_pending = pending.clone();
+    let (queue, outgoing) = crossbeam_channel::bounded(queue_limit);
+    let output = Arc::new(Output {
+        queue,
+        queued: AtomicUsize::new(0),
+        closing: AtomicBool::new(false),
+        sink: Mutex::new(Sink {
+            writer: Box::new(writer),
+            stopped: false,
+        }),
+    });
+    let (writer_output, writer_pending) = (output.clone(), pending.clone());
     let writer = std::thread::Builder::new()
         .name("harness-write".into())
-        .spawn(move || write_loop(writer, outgoing, &writer_pending))?;
+        .spawn(move || write_loop(&writer_output, outgoing, &writer_pending))?;
     let reader = std::thread::Builder::new()
         .name("harness-read".into())
         .spawn(move || read_loop(reader, max_line_bytes, requests, &pending))?;
-    Ok(IoThreads { reader, writer })
+    Ok((output, IoThreads { reader, writer }))
 }
 
 fn read_loop<R: Read>(
@@ -147,19 +250,16 @@ fn dispatch(line: &[u8], requests: &Sender<Request>, pending: &Pending) {
     }
 }
 
-fn write_loop<W: Write>(mut writer: W, outgoing: Receiver<Outgoing>, pending: &Pending) {
+fn write_loop(output: &Output, outgoing: Receiver<Outgoing>, pending: &Pending) {
     for message in outgoing.iter() {
         match message {
-            Outgoing::Line(mut line) => {
-                line.push(b'\n');
-                // One write_all per message: a writer that serialises whole calls (as `Stdout`
-                // does) never interleaves another writer's bytes inside a line.
-                if let Err(error) = writer.write_all(&line).and_then(|()| writer.flush()) {
-                    if error.kind() == io::ErrorKind::BrokenPipe {
-                        log::debug!("Brain closed the harness's stdout");
-                    } else {
-                        log::warn!("writing to Brain failed: {error}");
-                    }
+            Outgoing::Line(line) => {
+                let mut sink = output.sink.lock();
+                let written = !sink.stopped && sink.write_line(line, pending);
+                // Counted down only once written, under the sink: a caller that then finds
+                // nothing queued writes after this line, never before it.
+                output.queued.fetch_sub(1, Ordering::AcqRel);
+                if !written {
                     break;
                 }
             }
@@ -171,7 +271,7 @@ fn write_loop<W: Write>(mut writer: W, outgoing: Receiver<Outgoing>, pending: &P
         }
     }
     // Messages still queued are dropped with the receiver, so their senders see `Closed`.
-    pending.close("the connection's writer stopped");
+    output.sink.lock().stop(pending);
 }
 
 /// A short, printable prefix of a line for the log.
