@@ -3,9 +3,10 @@
 //! Each worker slot has one [`CapacityQueue`]. The dispatcher pushes admitted activations, removes
 //! cancelled ones, opens the queue while the slot is healthy and closes it while it respawns, and
 //! releases a unit of capacity when a run ends. It also sends the lines for the slot's current
-//! process here: written at once when nothing is queued and the writer is idle, queued otherwise. The process's writer thread (`brain-w:<reg>/<slot>-write`) is the slot's feeder:
-//! it waits on the condvar until it has lines to write, or the queue is open, a unit of capacity is
-//! free and an activation waits, in which case it takes the head and hands it to the dispatcher.
+//! process here: written at once when nothing is queued and the writer is idle, queued otherwise.
+//! The process's writer thread (`brain-w:<reg>/<slot>-write`) is the slot's feeder: it waits on
+//! the condvar until it has lines to write, or the queue is open, a unit of capacity is free and an
+//! activation waits, in which case it takes the head and hands it to the dispatcher.
 //! No thread exists per activation or per slot beyond the process's own; a waiting activation is
 //! an entry in a deque.
 
