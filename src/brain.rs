@@ -247,10 +247,10 @@ impl Brain {
     /// declare. Workers that failed are not a refusal: they are respawned, and [`Brain::ready`]
     /// tells whether any worker serves.
     ///
-    /// On glibc, Brain tunes the process's allocator so that memory freed by passivated sessions
-    /// goes back to the operating system: once started, it fixes malloc's trim threshold at
-    /// 128 KiB, and it trims the heap shortly after sessions are passivated. A program embedding
-    /// Brain shares this.
+    /// On glibc, Brain tunes the process's allocator so that memory freed by passivated or
+    /// deleted sessions goes back to the operating system: once started, it fixes malloc's trim
+    /// threshold at 128 KiB, and it trims the heap shortly after sessions are passivated or
+    /// deleted. A program embedding Brain shares this.
     pub fn start(config: Config) -> Result<Brain, StartError> {
         Brain::start_until(config, &crossbeam_channel::never())
     }

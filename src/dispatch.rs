@@ -140,7 +140,8 @@ pub(crate) struct Dispatcher {
     pub(crate) dormant: HashMap<SessionId, (usize, u32)>,
     /// Where native state lives, for sessions loaded on first use.
     pub(crate) data_dir: std::path::PathBuf,
-    /// A [`Deadline::TrimHeap`] is set: sessions were made dormant since the last trim.
+    /// A [`Deadline::TrimHeap`] is set: sessions were made dormant or deleted since the last
+    /// trim.
     pub(crate) trim_due: bool,
     /// The registrations, in the pool's order, for sessions loaded on first use.
     pub(crate) registrations: Vec<crate::config::Registration>,

@@ -7,10 +7,10 @@
 //! were opened and passivated, the heap held ≈ 46 MB of which 3 MB was in use, and the private
 //! memory stayed where the open sessions had taken it (docs/BENCHMARKS.md).
 //!
-//! So Brain fixes the trim threshold at glibc's initial 128 KiB ([`keep_little`], once started), and
-//! trims the heap shortly after sessions are made dormant ([`give_back`], from the dispatcher).
-//! Both act on the whole process: an embedding program shares its allocator with Brain. Off
-//! glibc they do nothing.
+//! So Brain fixes the trim threshold at glibc's initial 128 KiB ([`keep_little`], once started),
+//! and trims the heap shortly after sessions are made dormant or deleted ([`give_back`], from the
+//! dispatcher). Both act on the whole process: an embedding program shares its allocator with
+//! Brain. Off glibc they do nothing.
 
 /// The trim threshold Brain sets: glibc's default before it adjusts it.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]

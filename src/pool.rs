@@ -63,7 +63,7 @@ pub(crate) enum Deadline {
     Respawn(WorkerKey),
     /// `shutdown` was sent this long ago: kill whatever is left.
     ShutdownKill(WorkerKey),
-    /// Sessions were made dormant a moment ago: give the memory they freed back.
+    /// Sessions were made dormant or deleted a moment ago: give the memory they freed back.
     TrimHeap,
 }
 

@@ -40,8 +40,8 @@ use crate::dispatch::Reply;
 /// The longest failure message kept in `activation_finished`.
 const MAX_FAILURE_MESSAGE: usize = 4096;
 
-/// How long after a session is made dormant the heap is trimmed (crate::heap): long enough to
-/// cover a wave of passivations with one trim, short enough that the memory is back soon.
+/// How long after a session is made dormant or deleted the heap is trimmed (crate::heap): long
+/// enough to cover a wave of them with one trim, short enough that the memory is back soon.
 const TRIM_AFTER: Duration = Duration::from_millis(200);
 
 /// The most pending events one `run` carries.
@@ -1614,19 +1614,25 @@ impl Dispatcher {
         }
         if let Some(state) = self.sessions.remove(id) {
             self.journal.release(id);
-            // Passivations come in waves; one trim a moment after the first covers the wave.
-            if !self.trim_due {
-                self.trim_due = true;
-                self.timer
-                    .at(Instant::now() + TRIM_AFTER, Deadline::TrimHeap);
-            }
             self.dormant
                 .insert(id.clone(), (state.registration, state.slot));
-            // The table keeps its capacity, hundreds of bytes a slot: give it back after a mass
-            // passivation (at most once per halving, so the cost is amortised).
-            if self.sessions.len() * 4 < self.sessions.capacity() {
-                self.sessions.shrink_to(self.sessions.len() * 2);
-            }
+            self.let_go_of_memory();
+        }
+    }
+
+    /// After a session's state left the table (made dormant, or deleted): gives back what the
+    /// table and the heap no longer need.
+    fn let_go_of_memory(&mut self) {
+        // The table keeps its capacity, hundreds of bytes a slot: give it back after a mass
+        // passivation or deletion (at most once per halving, so the cost is amortised).
+        if self.sessions.len() * 4 < self.sessions.capacity() {
+            self.sessions.shrink_to(self.sessions.len() * 2);
+        }
+        // Sessions are let go of in waves; one trim a moment after the first covers the wave.
+        if !self.trim_due {
+            self.trim_due = true;
+            self.timer
+                .at(Instant::now() + TRIM_AFTER, Deadline::TrimHeap);
         }
     }
 
@@ -1685,6 +1691,7 @@ impl Dispatcher {
             .remove(id)
             .map(|s| s.spec.state_dir.clone())
             .unwrap_or_default();
+        self.let_go_of_memory();
         log::info!("session {id}: deleted");
         Ok(state_dir)
     }
