@@ -56,6 +56,7 @@ use brain::protocol::harness::{
 };
 use nix::sys::signal::{SigSet, Signal};
 use serde_json::{Value, json};
+use std::collections::HashMap;
 use std::ffi::OsString;
 use std::fs::OpenOptions;
 use std::io::{self, Write};
@@ -306,6 +307,7 @@ fn serve_faults(options: Options) -> ExitCode {
         connection: connection.clone(),
         raw_ids: AtomicU64::new(1),
         closed: parking_lot::Mutex::new(Vec::new()),
+        late: parking_lot::Mutex::new(HashMap::new()),
     };
     serve_connection(&connection, &fault);
     drop(fault);
@@ -374,6 +376,9 @@ struct Fault {
     raw_ids: AtomicU64,
     /// Every `close` received, as `{"session_id","reason"}`, reported by `echo`.
     closed: parking_lot::Mutex<Vec<Value>>,
+    /// The late callbacks waiting for their activation's answer, by (session, sequence): dropping
+    /// the sender (in [`Handler::answered`]) lets the late thread go.
+    late: parking_lot::Mutex<HashMap<(String, u64), crossbeam_channel::Sender<()>>>,
 }
 
 impl Handler for Fault {
@@ -539,6 +544,10 @@ impl Handler for Fault {
         }
     }
 
+    fn answered(&self, session_id: &str, sequence: u64) {
+        self.late.lock().remove(&(session_id.to_owned(), sequence));
+    }
+
     fn close(&self, session_id: &str, reason: &str) {
         self.closed
             .lock()
@@ -675,26 +684,27 @@ impl Fault {
 
     /// `callback_after_answer`: a `kv.get` for this activation sent after its run answer.
     ///
-    /// The SDK queues the answer on the run's thread right after [`Handler::run`] returns and then
-    /// lets the thread end. A thread-local guard dropped at that thread's exit tells the late
-    /// thread that the answer is queued; a flush then makes sure it has been written before the
-    /// callback is sent.
+    /// The SDK queues the answer right after [`Handler::run`] returns and then calls
+    /// [`Handler::answered`], which drops the sender the late thread waits on; a flush then makes
+    /// sure the answer has been written before the callback is sent.
     fn callback_after_answer(
         &self,
         activation: &Activation,
         configuration: &Value,
     ) -> Result<Option<Value>, HandlerError> {
         let exit_with_answer = configuration.get("exit_with_answer") == Some(&Value::Bool(true));
-        let (exited_tx, exited_rx) = crossbeam_channel::bounded::<()>(0);
-        RUN_THREAD_EXIT.with(|guard| *guard.borrow_mut() = Some(exited_tx));
+        let (answered_tx, answered_rx) = crossbeam_channel::bounded::<()>(0);
         let connection = self.connection.clone();
         let session = activation.session_id().to_owned();
         let sequence = activation.sequence();
+        self.late
+            .lock()
+            .insert((session.clone(), sequence), answered_tx);
         let late = thread::Builder::new()
             .name(format!("fault-late-{sequence}"))
             .spawn(move || {
-                // Disconnected (never a message) when the run's thread exits.
-                let _ = exited_rx.recv();
+                // Disconnected (never a message) once the run has been answered.
+                let _ = answered_rx.recv();
                 if let Err(error) = connection.flush() {
                     eprintln!("brain-fault-harness: flushing before the late callback: {error}");
                     return;
@@ -715,19 +725,15 @@ impl Fault {
                 }
             });
         if let Err(error) = late {
-            RUN_THREAD_EXIT.with(|guard| guard.borrow_mut().take());
+            self.late
+                .lock()
+                .remove(&(activation.session_id().to_owned(), sequence));
             return Err(HandlerError::harness(format!(
                 "starting the late callback's thread failed: {error}"
             )));
         }
         Ok(None)
     }
-}
-
-thread_local! {
-    /// Dropped when the thread that set it exits: see [`Fault::callback_after_answer`].
-    static RUN_THREAD_EXIT: std::cell::RefCell<Option<crossbeam_channel::Sender<()>>> =
-        const { std::cell::RefCell::new(None) };
 }
 
 /// `fatal_then_succeed`: a `model` call whose fatal failure is swallowed. With

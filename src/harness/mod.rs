@@ -3,7 +3,7 @@
 //! Two levels, both synchronous and threaded (no async runtime):
 //!
 //! - [`serve`] runs the whole protocol for a [`Handler`]: it answers `initialize`, runs each `run`
-//!   on its own thread with an [`Activation`] (its params, [`Activation::call`] for `brain/call`,
+//!   on a thread of its own (kept for later activations) with an [`Activation`] (its params, [`Activation::call`] for `brain/call`,
 //!   and a [`CancelToken`]), turns `cancel` into a cancelled token, and answers `close`,
 //!   `shutdown` and unknown methods. It returns when Brain closes stdin.
 //! - [`Connection`] is the transport underneath: a reader thread and a writer thread on the
@@ -65,6 +65,7 @@ mod connection;
 mod error;
 mod io;
 mod pending;
+mod runners;
 mod serve;
 
 pub use crate::cancel::CancelToken;

@@ -3,6 +3,7 @@
 use super::activation::Activation;
 use super::connection::Connection;
 use super::error::{HandlerError, SendError};
+use super::runners::Runners;
 use crate::cancel::CancelToken;
 use crate::protocol::harness::{InitializeParams, InitializeResult, method};
 use crate::protocol::jsonrpc::{
@@ -12,6 +13,7 @@ use parking_lot::Mutex;
 use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
 use std::thread::Scope;
 
 /// What a harness does; [`serve`] calls it. Shared by reference across the threads of concurrent
@@ -33,8 +35,10 @@ pub trait Handler: Sync {
         let _ = connection;
     }
 
-    /// Executes one activation, on a thread of its own (named `harness-run-<sequence>`), so
-    /// activations of different sessions run concurrently. Blocks as long as the activation runs.
+    /// Executes one activation on a thread of its own (named `harness-run`), so activations of
+    /// different sessions run concurrently. Blocks as long as the activation runs. The thread is
+    /// kept for later activations once this one has been answered, so thread-local state outlives
+    /// the activation.
     ///
     /// `Ok(Some(value))` is answered as `{"result": value}`, `Ok(None)` as `{}` (completed with no
     /// result), `Err(error)` as a JSON-RPC error with `data.code = error.code`. The answer is what
@@ -45,6 +49,13 @@ pub trait Handler: Sync {
     /// # Errors
     /// The activation's failure, answered to Brain as described.
     fn run(&self, activation: &Activation) -> Result<Option<Value>, HandlerError>;
+
+    /// Called on the activation's thread right after its `run` answer has been queued (not
+    /// necessarily written: [`Connection::flush`] waits for that). The place for work that must
+    /// follow the answer. Default: nothing.
+    fn answered(&self, session_id: &str, sequence: u64) {
+        let _ = (session_id, sequence);
+    }
 
     /// Brain closed, passivated or deleted a session (`reason` is `closed`, `passivated` or
     /// `deleted`): release its in-memory state. Runs on the serve loop's thread; `{}` is answered
@@ -82,7 +93,7 @@ pub fn serve<H: Handler + ?Sized>(handler: &H) -> std::io::Result<()> {
 /// - `initialize`: [`Handler::initialize`]; a success also sets the outgoing line limit to
 ///   Brain's `max_line_bytes` and then calls [`Handler::initialized`].
 /// - `run`: reads `session_id` (string) and `sequence` (non-negative integer) — anything else is
-///   answered `invalid_input` (-32602) — and starts [`Handler::run`] on a new thread with an
+///   answered `invalid_input` (-32602) — and starts [`Handler::run`] on an activation thread with an
 ///   [`Activation`]. A second `run` for an activation that is still running is refused
 ///   (`session_busy`).
 /// - `cancel`: answers `{}` at once, then cancels the named activation's token. Idempotent; an
@@ -95,13 +106,22 @@ pub fn serve<H: Handler + ?Sized>(handler: &H) -> std::io::Result<()> {
 /// [`Connection::close`]). A panic in a hook other than `run` propagates out of this function.
 pub fn serve_connection<H: Handler + ?Sized>(connection: &Connection, handler: &H) {
     let running = Running::default();
+    let runners = Arc::new(Runners::new());
     std::thread::scope(|scope| {
         for request in connection.requests().iter() {
             let id = request.id;
             let params = request.params;
             match request.method.as_str() {
                 method::INITIALIZE => initialize(connection, handler, &id, params),
-                method::RUN => start_run(scope, connection, handler, &running, id, params),
+                method::RUN => {
+                    let context = RunContext {
+                        connection,
+                        handler,
+                        running: &running,
+                        runners: &runners,
+                    };
+                    start_run(scope, &context, id, params);
+                }
                 method::CANCEL => cancel(connection, &running, &id, &params),
                 method::CLOSE => close(connection, handler, &id, &params),
                 method::SHUTDOWN => {
@@ -126,6 +146,7 @@ pub fn serve_connection<H: Handler + ?Sized>(connection: &Connection, handler: &
         for token in still_running {
             token.cancel();
         }
+        runners.close();
     });
 }
 
@@ -190,14 +211,26 @@ fn initialize<H: Handler + ?Sized>(
     }
 }
 
-fn start_run<'scope, 'env, H: Handler + ?Sized>(
-    scope: &'scope Scope<'scope, 'env>,
+/// What an activation's thread borrows from the serve loop.
+struct RunContext<'a, 'env, H: ?Sized> {
     connection: &'env Connection,
     handler: &'env H,
     running: &'env Running,
+    runners: &'a Arc<Runners<'env>>,
+}
+
+fn start_run<'scope, 'env, H: Handler + ?Sized>(
+    scope: &'scope Scope<'scope, 'env>,
+    context: &RunContext<'_, 'env, H>,
     id: RequestId,
     params: Value,
 ) {
+    let RunContext {
+        connection,
+        handler,
+        running,
+        runners,
+    } = *context;
     let session_id = params.get("session_id").and_then(Value::as_str);
     let sequence = params.get("sequence").and_then(Value::as_u64);
     let (Some(session_id), Some(sequence)) = (session_id, sequence) else {
@@ -221,20 +254,23 @@ fn start_run<'scope, 'env, H: Handler + ?Sized>(
         connection.clone(),
         id.clone(),
     );
-    let spawned = std::thread::Builder::new()
-        .name(format!("harness-run-{sequence}"))
-        .spawn_scoped(scope, {
-            let id = id.clone();
-            let session_id = session_id.clone();
-            move || {
-                let outcome = catch_unwind(AssertUnwindSafe(|| handler.run(&activation)))
-                    .unwrap_or_else(|_| Err(HandlerError::harness("the harness panicked")));
-                drop(activation);
-                running.finish(&session_id, sequence);
-                answer_run(connection, &id, outcome);
+    let started = runners.run(scope, {
+        let id = id.clone();
+        let session_id = session_id.clone();
+        Box::new(move || {
+            let outcome = catch_unwind(AssertUnwindSafe(|| handler.run(&activation)))
+                .unwrap_or_else(|_| Err(HandlerError::harness("the harness panicked")));
+            drop(activation);
+            running.finish(&session_id, sequence);
+            answer_run(connection, &id, outcome);
+            if catch_unwind(AssertUnwindSafe(|| handler.answered(&session_id, sequence))).is_err() {
+                log::error!(
+                    "the harness panicked after answering activation {sequence} of {session_id}"
+                );
             }
-        });
-    if let Err(error) = spawned {
+        })
+    });
+    if let Err(error) = started {
         running.finish(&session_id, sequence);
         let message = format!("could not start a thread for the activation: {error}");
         answer_error(
