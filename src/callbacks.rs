@@ -13,15 +13,14 @@ use crate::cancel::CancelToken;
 use crate::dispatch::{Dispatcher, Internal};
 use crate::effects::{Effects, EnvironmentSpec, ModelCall, ToolCall};
 use crate::handoff::WorkQueue;
-use crate::journal::{Journal, JournalError, NewRecord};
+use crate::journal::{EffectRecord, Journal, JournalError, NewRecord};
 use crate::metrics::Metrics;
 use crate::pool::Deadline;
 use crate::protocol::harness::{
     BrainCall, CallbackInput, EnvironmentInfo, EnvironmentSummary, EnvironmentsCallResult,
     EnvironmentsListResult, ErrorCode, EventOrigin, EventsReadResult, KvGetResult, MAX_EVENTS_PAGE,
-    MAX_OUTSTANDING_CALLBACKS, ModelCallResult, ModelRequest, OriginKind, RESERVED_KEY_PREFIX,
-    RecordKind, SequenceResult, ToolCallResult, ToolDefinition, ToolOutcome, ToolResult,
-    call_error, method,
+    MAX_OUTSTANDING_CALLBACKS, ModelRequest, OriginKind, RESERVED_KEY_PREFIX, RecordKind,
+    SequenceResult, ToolCallResult, ToolDefinition, ToolOutcome, ToolResult, call_error, method,
 };
 use crate::protocol::jsonrpc::{self, Request, RequestId, RpcError};
 use crate::session::{Permission, SessionId};
@@ -29,6 +28,7 @@ use crate::sessions::{Fixed, Phase, SessionSpec};
 use crate::worker::WorkerKey;
 use crossbeam_channel::Sender;
 use serde::Serialize;
+use serde_json::value::RawValue;
 use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -426,13 +426,24 @@ fn model(
     journal
         .inspect(&job.session, &mut |view| ordinal = view.model_calls)
         .map_err(journal_failed)?;
-    let started = append(
-        journal,
-        job,
+    #[derive(Serialize)]
+    struct Started<'a> {
+        activation: u64,
+        ordinal: u64,
+        request: &'a ModelRequest,
+    }
+    let record = EffectRecord::started(
         RecordKind::ModelCallStarted,
-        json!({"activation": job.sequence, "ordinal": ordinal, "request": request}),
-        None,
-    )?;
+        &Started {
+            activation: job.sequence,
+            ordinal,
+            request: &request,
+        },
+    )
+    .map_err(journal_failed)?;
+    let started = journal
+        .append_effect_durable(&job.session, record)
+        .map_err(journal_failed)?;
     let call = ModelCall {
         session_id: &job.session,
         sequence: started,
@@ -441,21 +452,52 @@ fn model(
         request: &request,
     };
     let outcome = provider.call(&call, &job.cancel);
-    let (data, answer) = match outcome {
-        Ok(result) => (
-            json!({"started": started, "outcome": "ok", "result": result}),
-            answer(
-                job,
-                &ModelCallResult {
-                    sequence: started,
-                    result,
-                },
-            ),
-        ),
-        Err(error) => effect_failure(started, error),
+    let result = match outcome {
+        Ok(result) => result,
+        Err(error) => {
+            let (data, answer) = effect_failure(started, error);
+            append(journal, job, RecordKind::ModelCallFinished, data, None)?;
+            return answer;
+        }
     };
-    append(journal, job, RecordKind::ModelCallFinished, data, None)?;
-    answer
+    // The result is encoded once, for the finished record and for the answer, which carry the
+    // same text (a `ModelCallResult`).
+    let result = serde_json::value::to_raw_value(&result).map_err(|error| {
+        call_error(
+            ErrorCode::ModelFailed,
+            format!("the model's result cannot be encoded: {error}"),
+        )
+    })?;
+    #[derive(Serialize)]
+    struct Finished<'a> {
+        outcome: &'a str,
+        result: &'a RawValue,
+    }
+    let record = EffectRecord::finished(
+        RecordKind::ModelCallFinished,
+        started,
+        &Finished {
+            outcome: "ok",
+            result: &result,
+        },
+    )
+    .map_err(journal_failed)?;
+    journal
+        .append_effect_durable(&job.session, record)
+        .map_err(journal_failed)?;
+    /// A `ModelCallResult` whose result is already encoded.
+    #[derive(Serialize)]
+    struct Answer<'a> {
+        sequence: u64,
+        result: &'a RawValue,
+    }
+    answer(
+        job,
+        &Answer {
+            sequence: started,
+            result: &result,
+        },
+    )
 }
 
 /// The finished record and the callback's error for an effect that did not succeed.

@@ -4,7 +4,9 @@
 //! re-reads what it wants and waits again if it is not there yet. The lock is a leaf: it is never
 //! held while the inner journal is called.
 
-use crate::journal::{DurableCallback, Journal, JournalError, NewRecord, SessionView};
+use crate::journal::{
+    DurableCallback, EffectRecord, Journal, JournalError, NewRecord, SessionView,
+};
 use crate::protocol::harness::Event;
 use crate::session::SessionId;
 use parking_lot::{Condvar, Mutex};
@@ -72,6 +74,17 @@ impl Journal for WatchedJournal {
         // Bumped even on failure: the record may have been appended (and readable) before its
         // flush failed, and a spurious wake-up only makes a reader look again.
         let appended = self.inner.append_durable(session, record);
+        self.bump();
+        appended
+    }
+
+    fn append_effect_durable(
+        &self,
+        session: &SessionId,
+        record: EffectRecord,
+    ) -> Result<u64, JournalError> {
+        // Bumped even on failure, as append_durable is.
+        let appended = self.inner.append_effect_durable(session, record);
         self.bump();
         appended
     }

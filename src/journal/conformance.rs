@@ -2,7 +2,7 @@
 //! through the trait, so the durable journal is held to the reference semantics.
 
 use super::{
-    DiskJournal, DiskJournalOptions, Journal, JournalError, MemoryJournal, NewRecord,
+    DiskJournal, DiskJournalOptions, EffectRecord, Journal, JournalError, MemoryJournal, NewRecord,
     SessionStatus, SessionView, apply,
 };
 use crate::protocol::harness::{Event, EventOrigin, OriginKind, RecordKind};
@@ -389,6 +389,48 @@ fn append_durable_returns_the_sequence(journal: Arc<dyn Journal>) {
     assert_eq!(journal.append_durable(&session, kv).unwrap(), 3);
 }
 
+fn effect_records_read_and_project_as_their_new_records(journal: Arc<dyn Journal>) {
+    let request = json!({"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "a \"quoted\" line\nand é"}
+    ]}]});
+    let result =
+        json!({"message": {"role": "assistant", "content": []}, "stop_reason": "end_turn"});
+    let started_data = json!({"activation": 1, "ordinal": 0, "request": request});
+    let (encoded, plain) = (id(20), id(21));
+    for session in [&encoded, &plain] {
+        journal.create(session, created()).unwrap();
+    }
+    let started = EffectRecord::started(RecordKind::ModelCallStarted, &started_data).unwrap();
+    assert_eq!(journal.append_effect_durable(&encoded, started).unwrap(), 2);
+    let finished = EffectRecord::finished(
+        RecordKind::ModelCallFinished,
+        2,
+        &json!({"outcome": "ok", "result": result}),
+    )
+    .unwrap();
+    assert_eq!(
+        journal.append_effect_durable(&encoded, finished).unwrap(),
+        3
+    );
+    journal
+        .append_durable(&plain, record(RecordKind::ModelCallStarted, started_data))
+        .unwrap();
+    let finished_data = json!({"outcome": "ok", "result": result, "started": 2});
+    journal
+        .append_durable(&plain, record(RecordKind::ModelCallFinished, finished_data))
+        .unwrap();
+
+    let data = |session| -> Vec<(String, Value)> {
+        let events = journal.read(session, 0, 10).unwrap();
+        events.into_iter().map(|e| (e.event_type, e.data)).collect()
+    };
+    assert_eq!(data(&encoded), data(&plain));
+    let view = journal.view(&encoded).unwrap();
+    assert_eq!(view.model_calls, 1);
+    assert!(view.unfinished_effects.is_empty(), "{view:?}");
+    assert_eq!(view, journal.view(&plain).unwrap());
+}
+
 fn on_durable_calls_back_once_without_holding_locks(journal: Arc<dyn Journal>) {
     let session = id(3);
     journal.create(&session, created()).unwrap();
@@ -526,6 +568,7 @@ conformance!(
     create_refuses_an_existing_session_and_a_wrong_first_record,
     every_call_naming_a_deleted_or_unknown_session_fails_unknown_session,
     append_durable_returns_the_sequence,
+    effect_records_read_and_project_as_their_new_records,
     on_durable_calls_back_once_without_holding_locks,
     concurrent_appends_produce_gapless_ordered_sequences,
 );

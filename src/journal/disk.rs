@@ -55,7 +55,7 @@
 use super::frame::{self, Address, FrameType, SEGMENT_HEADER_LEN};
 use super::recover::{self, Tail};
 use super::segment::{self, Loc, SegmentTable};
-use super::{DurableCallback, Journal, JournalError, NewRecord, SessionView, apply};
+use super::{DurableCallback, EffectRecord, Journal, JournalError, NewRecord, SessionView, apply};
 use crate::protocol::harness::{Event, OriginKind, RecordKind};
 use crate::session::SessionId;
 use parking_lot::{Condvar, Mutex, RwLock};
@@ -354,7 +354,7 @@ struct Session {
     locs: Vec<Loc>,
     last_stamp: u64,
     /// Records appended but perhaps not yet written, oldest first, contiguous sequences.
-    unwritten: VecDeque<(u64, Stored)>,
+    unwritten: VecDeque<(u64, Unwritten)>,
     loaded: Option<Box<Loaded>>,
     refused: Option<JournalError>,
     deleted: bool,
@@ -368,8 +368,14 @@ struct Loaded {
     pending: Vec<u64>,
 }
 
+/// A record not yet known to be written: its frame's body (kept as text, which is smaller than
+/// the record's `Value` and is all a read needs) and its stamp.
+struct Unwritten {
+    body: Vec<u8>,
+    recorded_at_ms: u64,
+}
+
 /// A record and its stamp.
-#[derive(Clone)]
 struct Stored {
     record: NewRecord,
     recorded_at_ms: u64,
@@ -591,14 +597,24 @@ impl DiskJournal {
         session: &SessionId,
         record: NewRecord,
     ) -> Result<(u64, u64), JournalError> {
-        if record.kind == RecordKind::SessionCreated {
+        let body = frame::encode_body(&record).map_err(JournalError::Failed)?;
+        self.place_body(session, body, &record)
+    }
+
+    /// Appends the record whose frame body is `body` and which [`apply`]s as `projected`.
+    fn place_body(
+        &self,
+        session: &SessionId,
+        body: Vec<u8>,
+        projected: &NewRecord,
+    ) -> Result<(u64, u64), JournalError> {
+        if projected.kind == RecordKind::SessionCreated {
             return Err(JournalError::Failed(format!(
                 "session {session}: session_created is only the first record (use create)"
             )));
         }
         let shared = &self.shared;
         shared.check_writable()?;
-        let body = frame::encode_body(&record).map_err(JournalError::Failed)?;
         shared.with_session(session, |s| {
             let sequence = s.locs.len() as u64 + 1;
             let recorded_at_ms = now_ms().max(s.last_stamp);
@@ -615,12 +631,12 @@ impl DiskJournal {
             s.locs.push(loc);
             s.last_stamp = recorded_at_ms;
             if let Some(loaded) = s.loaded.as_deref_mut() {
-                loaded.apply(session, sequence, &record, true);
+                loaded.apply(session, sequence, projected, true);
             }
             s.unwritten.push_back((
                 sequence,
-                Stored {
-                    record,
+                Unwritten {
+                    body,
                     recorded_at_ms,
                 },
             ));
@@ -704,8 +720,8 @@ impl Journal for DiskJournal {
                 last_stamp: recorded_at_ms,
                 unwritten: VecDeque::from([(
                     1,
-                    Stored {
-                        record,
+                    Unwritten {
+                        body,
                         recorded_at_ms,
                     },
                 )]),
@@ -731,6 +747,17 @@ impl Journal for DiskJournal {
 
     fn append_durable(&self, session: &SessionId, record: NewRecord) -> Result<u64, JournalError> {
         let (sequence, end) = self.place_record(session, record)?;
+        self.shared.flush_through(end)?;
+        Ok(sequence)
+    }
+
+    fn append_effect_durable(
+        &self,
+        session: &SessionId,
+        record: EffectRecord,
+    ) -> Result<u64, JournalError> {
+        let body = frame::encode_effect_body(&record).map_err(JournalError::Failed)?;
+        let (sequence, end) = self.place_body(session, body, &record.projected())?;
         self.shared.flush_through(end)?;
         Ok(sequence)
     }
@@ -1157,11 +1184,20 @@ impl Shared {
     fn fetch(&self, s: &Session, sequence: u64) -> Result<Stored, JournalError> {
         if let Some(&(first, _)) = s.unwritten.front()
             && sequence >= first
-            && let Some((_, stored)) = usize::try_from(sequence - first)
+            && let Some((_, unwritten)) = usize::try_from(sequence - first)
                 .ok()
                 .and_then(|index| s.unwritten.get(index))
         {
-            return Ok(stored.clone());
+            let record = frame::decode_body(&unwritten.body).map_err(|why| {
+                JournalError::Failed(format!(
+                    "session {}: record {sequence}, not yet written, does not decode: {why}",
+                    s.id
+                ))
+            })?;
+            return Ok(Stored {
+                record,
+                recorded_at_ms: unwritten.recorded_at_ms,
+            });
         }
         let loc = usize::try_from(sequence.saturating_sub(1))
             .ok()

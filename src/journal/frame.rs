@@ -21,8 +21,8 @@
 //! frame never ends with a zero byte (a JSON object ends with `}`, a tombstone with the last
 //! character of a session id), which the torn-tail rule of recovery relies on.
 
-use super::NewRecord;
 use super::crc::{Crc32c, crc32c};
+use super::{EffectRecord, NewRecord};
 use crate::protocol::harness::{EventOrigin, RecordKind};
 use crate::session::SessionId;
 use serde::{Deserialize, Serialize};
@@ -239,11 +239,11 @@ pub(crate) fn decode(frame: &[u8]) -> Result<(Address, &[u8]), String> {
 
 /// A record's body as written.
 #[derive(Serialize)]
-struct BodyOut<'a> {
+struct BodyOut<'a, D: ?Sized> {
     kind: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
     origin: Option<EventOrigin>,
-    data: &'a Value,
+    data: &'a D,
 }
 
 /// A record's body as read.
@@ -257,16 +257,38 @@ struct BodyIn {
 
 /// The body of a frame holding `record`, or why it cannot be stored.
 pub(crate) fn encode_body(record: &NewRecord) -> Result<Vec<u8>, String> {
-    let body = serde_json::to_vec(&BodyOut {
-        kind: record.kind.as_str(),
-        origin: record.origin,
-        data: &record.data,
-    })
-    .map_err(|e| format!("the record cannot be encoded: {e}"))?;
+    checked_body(
+        record.kind,
+        &BodyOut {
+            kind: record.kind.as_str(),
+            origin: record.origin,
+            data: &record.data,
+        },
+    )
+}
+
+/// The body of a frame holding `record`, its data's JSON text copied as it is. It decodes as
+/// the record's [`EffectRecord::to_record`].
+pub(crate) fn encode_effect_body(record: &EffectRecord) -> Result<Vec<u8>, String> {
+    checked_body(
+        record.kind(),
+        &BodyOut {
+            kind: record.kind().as_str(),
+            origin: None,
+            data: record.data(),
+        },
+    )
+}
+
+fn checked_body<D: Serialize + ?Sized>(
+    kind: RecordKind,
+    body: &BodyOut<'_, D>,
+) -> Result<Vec<u8>, String> {
+    let body =
+        serde_json::to_vec(body).map_err(|e| format!("the record cannot be encoded: {e}"))?;
     if body.len() > MAX_BODY_LEN as usize {
         return Err(format!(
-            "a {} record of {} bytes is larger than the journal's limit of {MAX_BODY_LEN} bytes",
-            record.kind,
+            "a {kind} record of {} bytes is larger than the journal's limit of {MAX_BODY_LEN} bytes",
             body.len()
         ));
     }

@@ -35,6 +35,8 @@ pub use projection::{ACTIVATION_MARKER_KEY, EVENTS_CURSOR_KEY, apply};
 
 use crate::protocol::harness::{ErrorCode, Event, EventOrigin, Message, RecordKind};
 use crate::session::SessionId;
+use serde::Serialize;
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use std::fmt;
 use std::path::PathBuf;
@@ -52,6 +54,126 @@ pub struct NewRecord {
     pub data: Value,
     /// Who caused it, when that matters (an `event_emitted` record's emitter).
     pub origin: Option<EventOrigin>,
+}
+
+/// An effect record (`model_call_*`, `tool_call_*`, `environment_*`) whose data is already
+/// encoded JSON: what [`Journal::append_effect_durable`] takes.
+///
+/// A callback's effect records carry its largest payloads (a model request, a model's answer).
+/// Encoding them straight from the callback's typed values spares building and dropping a
+/// `Value` tree of each, and a second escape of every string. The constructors guarantee what
+/// the projections read ([`apply`]): a finished record's data holds the `started` it names.
+#[derive(Debug, Clone)]
+pub struct EffectRecord {
+    kind: RecordKind,
+    /// The `started` field of a finished record's data.
+    started: Option<u64>,
+    data: Box<RawValue>,
+}
+
+impl EffectRecord {
+    /// A `model_call_started`, `tool_call_started` or `environment_started` record whose data is
+    /// `data` encoded.
+    ///
+    /// # Errors
+    /// When `kind` is not one of those kinds, or `data` does not encode to a JSON object.
+    pub fn started(kind: RecordKind, data: &impl Serialize) -> Result<EffectRecord, JournalError> {
+        if !matches!(
+            kind,
+            RecordKind::ModelCallStarted
+                | RecordKind::ToolCallStarted
+                | RecordKind::EnvironmentStarted
+        ) {
+            return Err(JournalError::Failed(format!(
+                "{kind} is not the started record of an effect"
+            )));
+        }
+        Ok(EffectRecord {
+            kind,
+            started: None,
+            data: encode_object(kind, data)?,
+        })
+    }
+
+    /// A `model_call_finished`, `tool_call_finished` or `environment_finished` record whose data
+    /// is `data`'s fields followed by `"started": started`.
+    ///
+    /// `data` must not have a `started` field of its own.
+    ///
+    /// # Errors
+    /// When `kind` is not one of those kinds, or `data` does not encode to a JSON object.
+    pub fn finished(
+        kind: RecordKind,
+        started: u64,
+        data: &impl Serialize,
+    ) -> Result<EffectRecord, JournalError> {
+        if !matches!(
+            kind,
+            RecordKind::ModelCallFinished
+                | RecordKind::ToolCallFinished
+                | RecordKind::EnvironmentFinished
+        ) {
+            return Err(JournalError::Failed(format!(
+                "{kind} is not the finished record of an effect"
+            )));
+        }
+        #[derive(Serialize)]
+        struct WithStarted<'a, T> {
+            #[serde(flatten)]
+            data: &'a T,
+            started: u64,
+        }
+        Ok(EffectRecord {
+            kind,
+            started: Some(started),
+            data: encode_object(kind, &WithStarted { data, started })?,
+        })
+    }
+
+    /// The record's kind.
+    pub fn kind(&self) -> RecordKind {
+        self.kind
+    }
+
+    /// The record's data as JSON text.
+    pub fn data(&self) -> &RawValue {
+        &self.data
+    }
+
+    /// What [`apply`] needs of the record: its kind, and the `started` of a finished one.
+    pub(crate) fn projected(&self) -> NewRecord {
+        NewRecord {
+            kind: self.kind,
+            data: match self.started {
+                Some(started) => serde_json::json!({ "started": started }),
+                None => Value::Null,
+            },
+            origin: None,
+        }
+    }
+
+    /// The record as a [`NewRecord`], its data parsed back into a `Value`.
+    pub fn to_record(&self) -> NewRecord {
+        NewRecord {
+            kind: self.kind,
+            // Text that serde_json itself produced parses back.
+            data: serde_json::from_str(self.data.get()).unwrap_or(Value::Null),
+            origin: None,
+        }
+    }
+}
+
+/// `data` as JSON text, which must be an object.
+fn encode_object(kind: RecordKind, data: &impl Serialize) -> Result<Box<RawValue>, JournalError> {
+    let text = serde_json::to_string(data)
+        .map_err(|e| JournalError::Failed(format!("a {kind} record cannot be encoded: {e}")))?;
+    if !text.starts_with('{') {
+        return Err(JournalError::Failed(format!(
+            "a {kind} record's data must be a JSON object, not {text}"
+        )));
+    }
+    RawValue::from_string(text)
+        .map_err(|e| JournalError::Failed(format!("a {kind} record cannot be encoded: {e}")))
 }
 
 /// Called once when a record is durable, or with the error that prevented it. See
@@ -235,6 +357,19 @@ pub trait Journal: Send + Sync + 'static {
         }
     }
 
+    /// Appends an effect record whose data is already encoded, as [`Journal::append_durable`]
+    /// does, and blocks until it is durable. The record reads back, and projects, exactly as the
+    /// same record appended as a [`NewRecord`] would. The default does just that (it parses the
+    /// data back into a `Value`); a journal that stores JSON text should store the text as it is.
+    /// A wrapper that delegates to another journal should delegate this too.
+    fn append_effect_durable(
+        &self,
+        session: &SessionId,
+        record: EffectRecord,
+    ) -> Result<u64, JournalError> {
+        self.append_durable(session, record.to_record())
+    }
+
     /// The records with sequence greater than `after`, oldest first, at most `limit`: each as an
     /// [`Event`] whose `type` is the record's kind (e.g. `event_emitted`) and whose `data` is the
     /// record's payload as appended. May include records not yet durable.
@@ -325,5 +460,50 @@ pub trait Journal: Send + Sync + 'static {
     /// journal should delegate this too, or it hides the failure.
     fn failure(&self) -> Option<String> {
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn an_effect_record_refuses_other_kinds_and_data_that_is_not_an_object() {
+        let data = json!({"activation": 1});
+        for kind in [RecordKind::KvSet, RecordKind::ModelCallFinished] {
+            let error = EffectRecord::started(kind, &data).unwrap_err();
+            assert!(
+                error.to_string().contains("not the started record"),
+                "{error}"
+            );
+        }
+        let error = EffectRecord::finished(RecordKind::ToolCallStarted, 2, &data).unwrap_err();
+        assert!(
+            error.to_string().contains("not the finished record"),
+            "{error}"
+        );
+        let error = EffectRecord::started(RecordKind::ToolCallStarted, &[1, 2]).unwrap_err();
+        assert!(
+            error.to_string().contains("must be a JSON object"),
+            "{error}"
+        );
+        let error = EffectRecord::finished(RecordKind::ToolCallFinished, 2, &"ok").unwrap_err();
+        assert!(error.to_string().contains("cannot be encoded"), "{error}");
+    }
+
+    #[test]
+    fn a_finished_record_names_its_started_record_in_its_data_and_its_projection() {
+        let record = EffectRecord::finished(
+            RecordKind::EnvironmentFinished,
+            7,
+            &json!({"outcome": "ok", "result": {"text": "é \"q\""}}),
+        )
+        .unwrap();
+        let expected = json!({"outcome": "ok", "result": {"text": "é \"q\""}, "started": 7});
+        assert_eq!(record.to_record().data, expected);
+        assert_eq!(record.projected().data, json!({"started": 7}));
+        let started = EffectRecord::started(RecordKind::ModelCallStarted, &json!({})).unwrap();
+        assert_eq!(started.projected().data, Value::Null);
     }
 }
