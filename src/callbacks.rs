@@ -20,7 +20,7 @@ use crate::protocol::harness::{
     BrainCall, CallbackInput, EnvironmentInfo, EnvironmentSummary, EnvironmentsCallResult,
     EnvironmentsListResult, ErrorCode, EventOrigin, EventsReadResult, KvGetResult, MAX_EVENTS_PAGE,
     MAX_OUTSTANDING_CALLBACKS, ModelRequest, OriginKind, RESERVED_KEY_PREFIX, RecordKind,
-    SequenceResult, ToolCallResult, ToolDefinition, ToolOutcome, ToolResult, call_error, method,
+    SequenceResult, ToolDefinition, ToolOutcome, ToolResult, call_error, method,
 };
 use crate::protocol::jsonrpc::{self, Request, RequestId, RpcError};
 use crate::session::{Permission, SessionId};
@@ -432,18 +432,16 @@ fn model(
         ordinal: u64,
         request: &'a ModelRequest,
     }
-    let record = EffectRecord::started(
-        RecordKind::ModelCallStarted,
-        &Started {
-            activation: job.sequence,
-            ordinal,
-            request: &request,
-        },
-    )
-    .map_err(journal_failed)?;
-    let started = journal
-        .append_effect_durable(&job.session, record)
-        .map_err(journal_failed)?;
+    let data = Started {
+        activation: job.sequence,
+        ordinal,
+        request: &request,
+    };
+    let started = append_effect(
+        job,
+        journal,
+        EffectRecord::started(RecordKind::ModelCallStarted, &data),
+    )?;
     let call = ModelCall {
         session_id: &job.session,
         sequence: started,
@@ -460,32 +458,43 @@ fn model(
             return answer;
         }
     };
-    // The result is encoded once, for the finished record and for the answer, which carry the
-    // same text (a `ModelCallResult`).
-    let result = serde_json::value::to_raw_value(&result).map_err(|error| {
+    finish_effect(
+        job,
+        journal,
+        RecordKind::ModelCallFinished,
+        started,
+        "ok",
+        &result,
+    )
+}
+
+/// Appends an effect's finished record, `{"outcome", "result", "started"}`, and answers the
+/// callback with `{"sequence": started, "result"}` (a `ModelCallResult` or a `ToolCallResult`).
+/// The result is encoded once, for both.
+fn finish_effect(
+    job: &Job,
+    journal: &dyn Journal,
+    kind: RecordKind,
+    started: u64,
+    outcome: impl Serialize,
+    result: &impl Serialize,
+) -> Result<Vec<u8>, RpcError> {
+    let result = serde_json::value::to_raw_value(result).map_err(|error| {
         call_error(
-            ErrorCode::ModelFailed,
-            format!("the model's result cannot be encoded: {error}"),
+            ErrorCode::JournalFailed,
+            format!("the {kind} record's result cannot be encoded: {error}"),
         )
     })?;
     #[derive(Serialize)]
-    struct Finished<'a> {
-        outcome: &'a str,
+    struct Finished<'a, O> {
+        outcome: O,
         result: &'a RawValue,
     }
-    let record = EffectRecord::finished(
-        RecordKind::ModelCallFinished,
-        started,
-        &Finished {
-            outcome: "ok",
-            result: &result,
-        },
-    )
-    .map_err(journal_failed)?;
-    journal
-        .append_effect_durable(&job.session, record)
-        .map_err(journal_failed)?;
-    /// A `ModelCallResult` whose result is already encoded.
+    let data = Finished {
+        outcome,
+        result: &result,
+    };
+    append_effect(job, journal, EffectRecord::finished(kind, started, &data))?;
     #[derive(Serialize)]
     struct Answer<'a> {
         sequence: u64,
@@ -498,6 +507,17 @@ fn model(
             result: &result,
         },
     )
+}
+
+/// Appends `record` (as built: its encoding may have failed) and waits until it is durable.
+fn append_effect(
+    job: &Job,
+    journal: &dyn Journal,
+    record: Result<EffectRecord, JournalError>,
+) -> Result<u64, RpcError> {
+    journal
+        .append_effect_durable(&job.session, record.map_err(journal_failed)?)
+        .map_err(journal_failed)
 }
 
 /// The finished record and the callback's error for an effect that did not succeed.
@@ -588,13 +608,25 @@ fn tool(
         driver: declaration.driver.clone(),
         configuration: declaration.configuration.clone(),
     };
-    let started = append(
-        journal,
+    #[derive(Serialize)]
+    struct Started<'a> {
+        activation: u64,
+        environment: &'a str,
+        incarnation: u64,
+        input: &'a Value,
+        name: &'a str,
+    }
+    let data = Started {
+        activation: job.sequence,
+        environment: placement,
+        incarnation,
+        input,
+        name,
+    };
+    let started = append_effect(
         job,
-        RecordKind::ToolCallStarted,
-        json!({"activation": job.sequence, "name": name, "input": input,
-               "environment": placement, "incarnation": incarnation}),
-        None,
+        journal,
+        EffectRecord::started(RecordKind::ToolCallStarted, &data),
     )?;
     let call = ToolCall {
         session_id: &job.session,
@@ -632,19 +664,16 @@ fn tool(
             }
         }
     };
-    append(
+    if result.outcome == ToolOutcome::Unknown {
+        job.metrics.unknown_outcome();
+    }
+    finish_effect(
+        job,
         journal,
-        job,
         RecordKind::ToolCallFinished,
-        json!({"started": started, "outcome": result.outcome, "result": result}),
-        None,
-    )?;
-    answer(
-        job,
-        &ToolCallResult {
-            sequence: started,
-            result,
-        },
+        started,
+        result.outcome,
+        &result,
     )
 }
 

@@ -298,6 +298,85 @@ fn the_reference_harness_runs_a_tool_loop_through_brain() {
     assert!(state_dir.join("reference-state.json").is_file());
 }
 
+/// An environment driver that loses track of every call after sending it.
+struct Lost;
+
+impl EnvironmentDriver for Lost {
+    fn call_tool(
+        &self,
+        _call: &ToolCall<'_>,
+        _cancel: &CancelToken,
+    ) -> Result<ToolResult, EffectError> {
+        Err(EffectError::Unknown {
+            message: "the sandbox stopped answering".to_owned(),
+        })
+    }
+}
+
+#[test]
+fn a_tool_call_of_unknown_outcome_is_recorded_answered_and_counted_as_such() {
+    let registrations =
+        Registrations::from_vec(vec![brain::Registration::new("ref", REFERENCE_HARNESS)]).unwrap();
+    let mut config = Config::new(registrations);
+    config.options = options("tool-unknown");
+    config.effects = Effects::default().with_driver("lost", Arc::new(Lost));
+    let brain = Brain::start(config).unwrap();
+    let script = json!([
+        {"message": {"role": "assistant", "content": [
+            {"type": "tool_use", "id": "t1", "name": "rm", "input": {"path": "x"}}]},
+         "stop_reason": "tool_use"},
+        {"message": {"role": "assistant", "content": [{"type": "text", "text": "unsure"}]},
+         "stop_reason": "end_turn"}
+    ]);
+    let session = create(
+        &brain,
+        json!({
+            "agentloop": {"name": "ref"},
+            "model": {"provider": "scripted", "name": "s", "options": {"script": script}},
+            "tools": [{"name": "rm", "description": "removes", "input_schema": {"type": "object"},
+                       "placements": ["box"]}],
+            "environments": [{"name": "box", "driver": "lost"}]
+        }),
+    );
+    let outcome = wait(&session.send(text("remove x")).unwrap());
+    assert_eq!(outcome.outcome, OutcomeKind::Completed, "{outcome:?}");
+    let events = session.events(0, 100).unwrap();
+    let started = events
+        .iter()
+        .find(|e| e.event_type == "tool_call_started")
+        .expect("a tool call started");
+    assert_eq!(started.data["input"], json!({"path": "x"}));
+    assert_eq!(started.data["environment"], "box");
+    let finished = events
+        .iter()
+        .find(|e| e.event_type == "tool_call_finished")
+        .expect("the tool call's outcome was recorded");
+    assert_eq!(finished.data["started"], started.sequence);
+    assert_eq!(finished.data["outcome"], "unknown");
+    assert_eq!(finished.data["result"]["is_error"], true);
+    assert_eq!(
+        finished.data["result"]["content"][0]["text"],
+        "the sandbox stopped answering"
+    );
+    // The harness was answered with the same result, and the model saw it.
+    let second_call = events
+        .iter()
+        .filter(|e| e.event_type == "model_call_started")
+        .nth(1)
+        .expect("a second model call");
+    let messages = second_call.data["request"]["messages"].as_array().unwrap();
+    let tool_result = &messages.last().unwrap()["content"][0];
+    assert_eq!(tool_result["type"], "tool_result");
+    assert_eq!(tool_result["is_error"], true);
+    assert!(
+        brain
+            .metrics_text()
+            .contains("brain_unknown_outcomes_total 1"),
+        "{}",
+        brain.metrics_text()
+    );
+}
+
 #[test]
 fn a_full_queue_refuses_overloaded_and_an_oversized_run_fails_before_its_marker() {
     let mut options = options("limits");
