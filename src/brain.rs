@@ -563,7 +563,7 @@ impl Brain {
             queues,
             journal: self.disk.as_ref().map(|disk| {
                 let stats = disk.stats();
-                (stats.flushes, stats.records)
+                (stats.flushes, stats.records, stats.loaded_sessions)
             }),
         })
     }

@@ -293,13 +293,7 @@ impl Dispatcher {
             | Command::Delete { session, .. }
             | Command::ClientEvent { session, .. }
             | Command::Info { session, .. } => self.ensure_loaded(&session.clone()),
-            Command::List { .. } => {
-                let dormant: Vec<SessionId> = self.dormant.keys().cloned().collect();
-                for session in dormant {
-                    self.ensure_loaded(&session);
-                }
-            }
-            Command::Shutdown { .. } | Command::Create { .. } => {}
+            Command::List { .. } | Command::Shutdown { .. } | Command::Create { .. } => {}
         }
         match command {
             Command::Shutdown { .. } => {} // handled in the loop
@@ -336,18 +330,7 @@ impl Dispatcher {
             Command::Info { session, reply } => {
                 reply.deliver(self.info(&session));
             }
-            Command::List { reply } => {
-                let mut all: Vec<SessionInfo> = self
-                    .sessions
-                    .keys()
-                    .cloned()
-                    .collect::<Vec<_>>()
-                    .iter()
-                    .filter_map(|id| self.info(id).ok())
-                    .collect();
-                all.sort_by(|a, b| a.session_id.cmp(&b.session_id));
-                reply.deliver(Ok(all));
-            }
+            Command::List { reply } => reply.deliver(Ok(self.list())),
         }
     }
 

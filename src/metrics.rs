@@ -95,8 +95,8 @@ pub(crate) struct Gauges<'a> {
     pub(crate) status: &'a PoolStatus,
     /// Per slot: (registration, slot, waiting, running).
     pub(crate) queues: Vec<(String, u32, usize, usize)>,
-    /// Journal flushes and records written, when the journal counts them.
-    pub(crate) journal: Option<(u64, u64)>,
+    /// Journal flushes, records written and sessions loaded, when the journal counts them.
+    pub(crate) journal: Option<(u64, u64, usize)>,
 }
 
 impl Metrics {
@@ -217,7 +217,7 @@ impl Metrics {
             "brain_activation_seconds",
             "From admission to the recorded outcome.",
         );
-        if let Some((flushes, records)) = gauges.journal {
+        if let Some((flushes, records, loaded)) = gauges.journal {
             let _ = writeln!(
                 out,
                 "# HELP brain_journal_flushes_total Journal fdatasyncs.\n# TYPE brain_journal_flushes_total counter\nbrain_journal_flushes_total {flushes}"
@@ -225,6 +225,10 @@ impl Metrics {
             let _ = writeln!(
                 out,
                 "# HELP brain_journal_records_total Journal records made durable.\n# TYPE brain_journal_records_total counter\nbrain_journal_records_total {records}"
+            );
+            let _ = writeln!(
+                out,
+                "# HELP brain_journal_loaded_sessions Sessions whose projections the journal holds in memory.\n# TYPE brain_journal_loaded_sessions gauge\nbrain_journal_loaded_sessions {loaded}"
             );
         }
         out
@@ -246,7 +250,7 @@ mod tests {
         let text = metrics.render(&Gauges {
             status: &PoolStatus::default(),
             queues: vec![("pi".into(), 0, 2, 1)],
-            journal: Some((3, 10)),
+            journal: Some((3, 10, 2)),
         });
         assert!(
             text.contains("brain_activations_total{outcome=\"failed\",code=\"worker_lost\"} 1")
@@ -257,5 +261,6 @@ mod tests {
         assert!(text.contains("brain_schedule_to_start_seconds_count 2"));
         assert!(text.contains("brain_queue_depth{registration=\"pi\",worker=\"0\"} 2"));
         assert!(text.contains("brain_journal_flushes_total 3"));
+        assert!(text.contains("brain_journal_loaded_sessions 2"));
     }
 }

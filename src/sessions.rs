@@ -116,6 +116,18 @@ pub(crate) struct SessionState {
 }
 
 impl SessionState {
+    fn info(&self, id: &SessionId) -> SessionInfo {
+        SessionInfo {
+            session_id: id.clone(),
+            status: self.status(),
+            registration: self.spec.registration.clone(),
+            worker: self.slot,
+            active: self.active.as_ref().map(|a| a.sequence),
+            marker: self.marker,
+            state_dir: self.spec.state_dir.clone(),
+        }
+    }
+
     fn status(&self) -> SessionStatus {
         match self.lifecycle {
             Lifecycle::Closed => SessionStatus::Closed,
@@ -284,16 +296,45 @@ impl Dispatcher {
     }
 
     pub(crate) fn info(&self, id: &SessionId) -> Result<SessionInfo, ApiError> {
-        let session = self.session(id)?;
-        Ok(SessionInfo {
-            session_id: id.clone(),
-            status: session.status(),
-            registration: session.spec.registration.clone(),
-            worker: session.slot,
-            active: session.active.as_ref().map(|a| a.sequence),
-            marker: session.marker,
-            state_dir: session.spec.state_dir.clone(),
-        })
+        Ok(self.session(id)?.info(id))
+    }
+
+    /// Every session, in id order. A dormant session is described from its journal projections,
+    /// which the journal lets go of again at once, so that listing does not undo what passivation
+    /// saved. Its status is what recovery will make of it: recovery appends only finished
+    /// records, which change neither the lifecycle nor the marker.
+    pub(crate) fn list(&self) -> Vec<SessionInfo> {
+        let mut all: Vec<SessionInfo> = self
+            .sessions
+            .iter()
+            .map(|(id, state)| state.info(id))
+            .collect();
+        for id in self.dormant.keys() {
+            match self.dormant_info(id) {
+                Ok(info) => all.push(info),
+                Err(why) => log::error!("session {id}: cannot be listed: {why}"),
+            }
+        }
+        all.sort_by(|a, b| a.session_id.cmp(&b.session_id));
+        all
+    }
+
+    fn dormant_info(&self, id: &SessionId) -> Result<SessionInfo, String> {
+        let mut state = None;
+        let inspected = self.journal.inspect(id, &mut |view| {
+            state = Some(crate::recovery::state_from(
+                id,
+                &view.created,
+                view.status.clone(),
+                view.marker,
+                &self.registrations,
+                &self.data_dir,
+            ));
+        });
+        self.journal.release(id);
+        inspected.map_err(|error| error.to_string())?;
+        let state = state.ok_or("the journal did not show its projections")??;
+        Ok(state.info(id))
     }
 
     /// Whether no activation is queued, running or finishing.

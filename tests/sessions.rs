@@ -961,3 +961,72 @@ fn shutdown_cancels_what_outlives_the_drain_and_a_second_request_skips_the_wait(
     );
     assert_eq!(wait(&running).outcome, OutcomeKind::Failed);
 }
+
+/// The journal's gauge of sessions whose projections are in memory.
+fn loaded_sessions(brain: &Brain) -> u64 {
+    let text = brain.metrics_text();
+    text.lines()
+        .find_map(|line| line.strip_prefix("brain_journal_loaded_sessions "))
+        .and_then(|value| value.parse().ok())
+        .unwrap_or_else(|| panic!("no brain_journal_loaded_sessions gauge in:\n{text}"))
+}
+
+#[test]
+fn listing_describes_passivated_sessions_without_loading_them_again() {
+    let brain = start(vec![fault("list", &[])], options("list-dormant"));
+    let passivated: Vec<Session> = (0..4).map(|_| create(&brain, "list", json!({}))).collect();
+    for session in &passivated {
+        wait(&session.send(text("x")).unwrap());
+    }
+    let before: Vec<_> = passivated.iter().map(|s| s.info().unwrap()).collect();
+    let open = create(&brain, "list", json!({}));
+    for session in &passivated {
+        session.passivate().unwrap();
+    }
+    // A passivated session's projections are let go of once its record is durable.
+    let deadline = std::time::Instant::now() + WAIT;
+    while loaded_sessions(&brain) != 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} sessions still loaded",
+            loaded_sessions(&brain)
+        );
+        std::thread::yield_now();
+    }
+
+    let listed = brain.sessions().unwrap();
+    assert_eq!(listed.len(), 5);
+    assert_eq!(
+        listed
+            .iter()
+            .find(|i| i.session_id == *open.id())
+            .unwrap()
+            .status,
+        SessionStatus::Open
+    );
+    for info in before {
+        let now = listed
+            .iter()
+            .find(|i| i.session_id == info.session_id)
+            .expect("a passivated session is listed");
+        assert_eq!(now.status, SessionStatus::Passivated);
+        assert_eq!(
+            (&now.registration, now.worker, now.marker, &now.state_dir),
+            (
+                &info.registration,
+                info.worker,
+                info.marker,
+                &info.state_dir
+            )
+        );
+    }
+    assert_eq!(
+        loaded_sessions(&brain),
+        1,
+        "listing loaded the passivated sessions"
+    );
+    // A listed session is recovered on its next use as before.
+    let outcome = wait(&passivated[0].send(text("again")).unwrap());
+    assert_eq!(outcome.outcome, OutcomeKind::Completed, "{outcome:?}");
+    assert_eq!(passivated[0].info().unwrap().status, SessionStatus::Open);
+}
