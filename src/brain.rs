@@ -313,6 +313,17 @@ impl Brain {
                 dormant.len()
             );
         }
+        if let Some(datadir) = &datadir {
+            // Every session the journal holds, readable or not: only the state of a session it
+            // does not hold at all is removed.
+            let live = journal.sessions().map_err(|error| StartError {
+                kind: StartErrorKind::Io(
+                    "listing sessions in the journal".to_owned(),
+                    std::io::Error::other(error.to_string()),
+                ),
+            })?;
+            datadir.remove_orphaned_state(&live.into_iter().collect());
+        }
         let journal = Arc::new(WatchedJournal::new(journal));
 
         let (deadline_tx, deadlines) = crossbeam_channel::unbounded();

@@ -9,8 +9,10 @@
 //! ```
 
 use crate::protocol::harness::InitializeResult;
+use crate::session::SessionId;
 use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
+use std::collections::HashSet;
 use std::fmt;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
@@ -183,6 +185,47 @@ impl DataDir {
         self.root.join("journal")
     }
 
+    /// Removes the native state directories (`agentloops/<registration>/<session id>/`) of
+    /// sessions the journal does not hold, and returns how many it removed. Such a directory is
+    /// left when Brain stops between a session's durable deletion and the removal of its state
+    /// (the deletion is made durable first, so that a crash never brings back a session without
+    /// its state), or when a session's creation never became durable. Entries whose names are
+    /// not session ids (`harness.json`, anything an operator put there) are left alone.
+    ///
+    /// For startup, before any session can be created: `live` must be every session the journal
+    /// holds, readable or not. A directory that cannot be listed or removed is logged and kept.
+    pub(crate) fn remove_orphaned_state(&self, live: &HashSet<SessionId>) -> usize {
+        let agentloops = self.root.join("agentloops");
+        let mut removed = 0;
+        for registration in read_dirs(&agentloops) {
+            for state in read_dirs(&registration) {
+                let orphan = state
+                    .file_name()
+                    .and_then(|name| name.to_str())
+                    .and_then(|name| SessionId::parse(name).ok())
+                    .is_some_and(|id| !live.contains(&id));
+                if !orphan {
+                    continue;
+                }
+                match fs::remove_dir_all(&state) {
+                    Ok(()) => {
+                        log::warn!(
+                            "removed {}: the state of a session the journal does not hold \
+                             (deleted, or never durably created)",
+                            state.display()
+                        );
+                        removed += 1;
+                    }
+                    Err(error) => log::error!(
+                        "removing {}, the state of a session the journal does not hold: {error}",
+                        state.display()
+                    ),
+                }
+            }
+        }
+        removed
+    }
+
     /// Binds a registration's harness identity to the directory, or checks it against the bound
     /// one: the identity name and state version must match; on first use they are written
     /// atomically and durably.
@@ -254,6 +297,22 @@ fn sync_dir(dir: &Path) -> Result<(), DataDirError> {
     File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(io(format!("syncing {}", dir.display())))
+}
+
+/// The subdirectories of `dir` (not following symbolic links); none when it cannot be listed,
+/// which is logged.
+fn read_dirs(dir: &Path) -> Vec<PathBuf> {
+    match fs::read_dir(dir) {
+        Ok(entries) => entries
+            .filter_map(Result::ok)
+            .filter(|entry| entry.file_type().is_ok_and(|kind| kind.is_dir()))
+            .map(|entry| entry.path())
+            .collect(),
+        Err(error) => {
+            log::error!("listing {}: {error}", dir.display());
+            Vec::new()
+        }
+    }
 }
 
 #[cfg(test)]

@@ -1030,3 +1030,49 @@ fn listing_describes_passivated_sessions_without_loading_them_again() {
     assert_eq!(outcome.outcome, OutcomeKind::Completed, "{outcome:?}");
     assert_eq!(passivated[0].info().unwrap().status, SessionStatus::Open);
 }
+
+#[test]
+fn a_restart_removes_the_state_a_stopped_deletion_left_and_nothing_else() {
+    let first = options("orphans");
+    let data_dir = first.data_dir.clone();
+    let brain = start(vec![fault("orph", &[])], first);
+    let kept = create(&brain, "orph", json!({}));
+    let deleted = create(&brain, "orph", json!({}));
+    for session in [&kept, &deleted] {
+        wait(&session.send(text("x")).unwrap());
+        session.close().unwrap();
+    }
+    let kept_dir = kept.info().unwrap().state_dir;
+    let deleted_dir = deleted.info().unwrap().state_dir;
+    std::fs::write(kept_dir.join("native"), "kept").unwrap();
+    deleted.delete().unwrap();
+    assert!(!deleted_dir.exists());
+    // What a stop between the deletion's durable record and the removal of the state leaves.
+    std::fs::create_dir_all(&deleted_dir).unwrap();
+    std::fs::write(deleted_dir.join("native"), "deleted").unwrap();
+    // An operator's directory, not a session's.
+    let notes = deleted_dir.parent().unwrap().join("notes");
+    std::fs::create_dir_all(&notes).unwrap();
+    brain.shutdown(Duration::from_secs(5));
+    drop(brain);
+
+    let mut second = options("orphans-again");
+    second.data_dir = data_dir;
+    let brain = start(vec![fault("orph", &[])], second);
+    assert!(
+        !deleted_dir.exists(),
+        "the deleted session's state came back"
+    );
+    assert_eq!(
+        std::fs::read_to_string(kept_dir.join("native")).unwrap(),
+        "kept"
+    );
+    assert!(notes.is_dir());
+    let listed: Vec<_> = brain
+        .sessions()
+        .unwrap()
+        .into_iter()
+        .map(|info| info.session_id)
+        .collect();
+    assert_eq!(listed, [kept.id().clone()]);
+}
