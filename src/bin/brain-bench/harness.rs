@@ -19,9 +19,9 @@ use crate::baselines::PAD_BYTES;
 use crate::stats::{Histogram, unix_nanos};
 use brain::harness::{Activation, CallError, Handler, HandlerError, serve};
 use brain::protocol::harness::{
-    Block, Capabilities, Identity, InitializeParams, InitializeResult, Message, ModelCallResult,
-    ModelRequest, PROTOCOL, Role, RunParams, SequenceResult, StopReason, ToolCallInput,
-    ToolCallResult, ToolDefinition, TranscriptSetInput,
+    Block, Capabilities, Identity, InitializeParams, InitializeResult, KvGetResult, KvKeyInput,
+    Message, ModelCallResult, ModelRequest, PROTOCOL, Role, RunParams, SequenceResult, StopReason,
+    ToolCallInput, ToolCallResult, ToolDefinition, TranscriptSetInput,
 };
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
@@ -66,8 +66,12 @@ impl Handler for BenchHarness {
             "kv" => {
                 let value = "v".repeat(PAD_BYTES);
                 activation.call("kv.put", json!({"key": "bench", "value": value}))?;
-                let input = json!({"key": "bench"});
-                call_loop(&plan, || activation.call("kv.get", input.clone()))
+                let input = KvKeyInput {
+                    key: "bench".to_owned(),
+                };
+                call_loop(&plan, || {
+                    activation.call_typed::<_, KvGetResult>("kv.get", &input)
+                })
             }
             "model" => {
                 let request = ModelRequest {
@@ -77,8 +81,9 @@ impl Handler for BenchHarness {
                     max_output_tokens: None,
                     options: None,
                 };
-                let input = to_json(&request)?;
-                call_loop(&plan, || activation.call("model", input.clone()))
+                call_loop(&plan, || {
+                    activation.call_typed::<_, ModelCallResult>("model", &request)
+                })
             }
             "turn" => turn(activation),
             other => Err(HandlerError::harness(format!("unknown bench mode {other}"))),
@@ -87,9 +92,9 @@ impl Handler for BenchHarness {
 }
 
 /// Calls `call` until `plan.end_ns`, timing those that start at or after `plan.start_ns`.
-fn call_loop(
+fn call_loop<T>(
     plan: &Value,
-    mut call: impl FnMut() -> Result<Value, CallError>,
+    mut call: impl FnMut() -> Result<T, CallError>,
 ) -> Result<Option<Value>, HandlerError> {
     let start = plan.get("start_ns").and_then(Value::as_u64).unwrap_or(0);
     let end = plan.get("end_ns").and_then(Value::as_u64).unwrap_or(0);
@@ -185,10 +190,6 @@ fn turn(activation: &Activation) -> Result<Option<Value>, HandlerError> {
     };
     activation.call_typed::<_, SequenceResult>("transcript.set", &saved)?;
     Ok(Some(json!({"text": last.text_content(), "rounds": rounds})))
-}
-
-fn to_json(value: &impl serde::Serialize) -> Result<Value, HandlerError> {
-    serde_json::to_value(value).map_err(|error| HandlerError::harness(error.to_string()))
 }
 
 /// The `__harness` subcommand.
