@@ -168,6 +168,13 @@ fn decode_address(address: &[u8]) -> Result<Address, String> {
         TYPE_TOMBSTONE => FrameType::Tombstone,
         other => return Err(format!("unknown frame type {other}")),
     };
+    // Checksummed, so not damage: a frame of another format. Refused rather than misread.
+    if address[1..4] != [0, 0, 0] {
+        return Err(format!(
+            "reserved bytes {:?} are not zero (a frame of another format)",
+            &address[1..4]
+        ));
+    }
     let u64_at = |at: usize| {
         let mut word = [0u8; 8];
         word.copy_from_slice(&address[at..at + 8]);
@@ -376,6 +383,24 @@ mod tests {
             head.check_body(&damaged[12..FRAME_OVERHEAD], &damaged[FRAME_OVERHEAD..])
                 .is_err()
         );
+    }
+
+    #[test]
+    fn a_checksummed_frame_with_reserved_bytes_set_is_refused() {
+        let frame = encode(&address(FrameType::Tombstone), &[]);
+        for at in 13..16 {
+            let mut other = frame.clone();
+            other[at] = 1;
+            // Checksums that match, as a writer of another format would compute them.
+            let prefix = Crc32c::new()
+                .update(&other[..4])
+                .update(&other[12..FRAME_OVERHEAD]);
+            let crc = prefix.finish().to_le_bytes();
+            other[4..8].copy_from_slice(&crc);
+            other[8..12].copy_from_slice(&crc);
+            let error = decode(&other).unwrap_err();
+            assert!(error.contains("reserved bytes"), "byte {at}: {error}");
+        }
     }
 
     #[test]
