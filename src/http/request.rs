@@ -317,9 +317,10 @@ fn percent_decode(text: &str) -> Option<String> {
     while index < bytes.len() {
         match bytes[index] {
             b'%' => {
-                let hex = bytes.get(index + 1..index + 3)?;
-                let hex = std::str::from_utf8(hex).ok()?;
-                out.push(u8::from_str_radix(hex, 16).ok()?);
+                // Two hex digits exactly: `from_str_radix` alone would take a sign (`%+1`).
+                let high = (*bytes.get(index + 1)? as char).to_digit(16)?;
+                let low = (*bytes.get(index + 2)? as char).to_digit(16)?;
+                out.push(u8::try_from(high * 16 + low).ok()?);
                 index += 3;
             }
             b'+' => {
@@ -408,6 +409,10 @@ mod tests {
     fn bad_query_escapes_are_refused() {
         assert!(query_pairs(Some("a=%zz")).is_none());
         assert!(query_pairs(Some("a=%4")).is_none());
+        // Two hex digits exactly, not a signed number.
+        for bad in ["a=%+1", "a=%-1", "a=% 1", "%FF=1"] {
+            assert_eq!(query_pairs(Some(bad)), None, "{bad}");
+        }
         assert_eq!(query_pairs(Some("a")).unwrap(), [("a".into(), "".into())]);
     }
 }
