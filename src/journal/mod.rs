@@ -78,16 +78,12 @@ impl EffectRecord {
     /// # Errors
     /// When `kind` is not one of those kinds, or `data` does not encode to a JSON object.
     pub fn started(kind: RecordKind, data: &impl Serialize) -> Result<EffectRecord, JournalError> {
-        if !matches!(
+        use RecordKind::{EnvironmentStarted, ModelCallStarted, ToolCallStarted};
+        one_of(
             kind,
-            RecordKind::ModelCallStarted
-                | RecordKind::ToolCallStarted
-                | RecordKind::EnvironmentStarted
-        ) {
-            return Err(JournalError::Failed(format!(
-                "{kind} is not the started record of an effect"
-            )));
-        }
+            &[ModelCallStarted, ToolCallStarted, EnvironmentStarted],
+            "started",
+        )?;
         Ok(EffectRecord {
             kind,
             started: None,
@@ -107,16 +103,12 @@ impl EffectRecord {
         started: u64,
         data: &impl Serialize,
     ) -> Result<EffectRecord, JournalError> {
-        if !matches!(
+        use RecordKind::{EnvironmentFinished, ModelCallFinished, ToolCallFinished};
+        one_of(
             kind,
-            RecordKind::ModelCallFinished
-                | RecordKind::ToolCallFinished
-                | RecordKind::EnvironmentFinished
-        ) {
-            return Err(JournalError::Failed(format!(
-                "{kind} is not the finished record of an effect"
-            )));
-        }
+            &[ModelCallFinished, ToolCallFinished, EnvironmentFinished],
+            "finished",
+        )?;
         #[derive(Serialize)]
         struct WithStarted<'a, T> {
             #[serde(flatten)]
@@ -160,6 +152,17 @@ impl EffectRecord {
             data: serde_json::from_str(self.data.get()).unwrap_or(Value::Null),
             origin: None,
         }
+    }
+}
+
+/// Refuses a `kind` that is not one of an effect's `which` (started or finished) records.
+fn one_of(kind: RecordKind, kinds: &[RecordKind], which: &str) -> Result<(), JournalError> {
+    if kinds.contains(&kind) {
+        Ok(())
+    } else {
+        Err(JournalError::Failed(format!(
+            "{kind} is not the {which} record of an effect"
+        )))
     }
 }
 
