@@ -229,14 +229,35 @@ impl EnvironmentDriver for Calculator {
     }
 }
 
-#[test]
-fn the_reference_harness_runs_a_tool_loop_through_brain() {
+/// A Brain with one reference-harness worker, `ref`, and an embedder's environment driver.
+fn reference_brain(tag: &str, driver_name: &str, driver: Arc<dyn EnvironmentDriver>) -> Brain {
     let registrations =
         Registrations::from_vec(vec![brain::Registration::new("ref", REFERENCE_HARNESS)]).unwrap();
     let mut config = Config::new(registrations);
-    config.options = options("tool-loop");
-    config.effects = Effects::default().with_driver("calc", Arc::new(Calculator));
-    let brain = Brain::start(config).unwrap();
+    config.options = options(tag);
+    config.effects = Effects::default().with_driver(driver_name, driver);
+    Brain::start(config).unwrap()
+}
+
+/// A session on `ref` whose scripted model answers with `script`, with one tool, `tool`, placed in
+/// the environment `env` that `driver` runs.
+fn tool_session(brain: &Brain, script: &Value, tool: &str, driver: &str, system: &str) -> Session {
+    create(
+        brain,
+        json!({
+            "agentloop": {"name": "ref"},
+            "model": {"provider": "scripted", "name": "s", "options": {"script": script}},
+            "system": system,
+            "tools": [{"name": tool, "description": tool, "input_schema": {"type": "object"},
+                       "placements": ["env"]}],
+            "environments": [{"name": "env", "driver": driver}]
+        }),
+    )
+}
+
+#[test]
+fn the_reference_harness_runs_a_tool_loop_through_brain() {
+    let brain = reference_brain("tool-loop", "calc", Arc::new(Calculator));
     let script = json!([
         {"message": {"role": "assistant", "content": [
             {"type": "tool_use", "id": "t1", "name": "add", "input": {"a": 2, "b": 3}}]},
@@ -244,17 +265,7 @@ fn the_reference_harness_runs_a_tool_loop_through_brain() {
         {"message": {"role": "assistant", "content": [{"type": "text", "text": "it is 5"}]},
          "stop_reason": "end_turn", "usage": {"output_tokens": 4}}
     ]);
-    let session = create(
-        &brain,
-        json!({
-            "agentloop": {"name": "ref"},
-            "model": {"provider": "scripted", "name": "s", "options": {"script": script}},
-            "system": "You add.",
-            "tools": [{"name": "add", "description": "adds", "input_schema": {"type": "object"},
-                       "placements": ["math"]}],
-            "environments": [{"name": "math", "driver": "calc"}]
-        }),
-    );
+    let session = tool_session(&brain, &script, "add", "calc", "You add.");
     let outcome = wait(&session.send(text("2+3?")).unwrap());
     assert_eq!(outcome.outcome, OutcomeKind::Completed, "{outcome:?}");
     let result = outcome.result.unwrap();
@@ -315,12 +326,7 @@ impl EnvironmentDriver for Lost {
 
 #[test]
 fn a_tool_call_of_unknown_outcome_is_recorded_answered_and_counted_as_such() {
-    let registrations =
-        Registrations::from_vec(vec![brain::Registration::new("ref", REFERENCE_HARNESS)]).unwrap();
-    let mut config = Config::new(registrations);
-    config.options = options("tool-unknown");
-    config.effects = Effects::default().with_driver("lost", Arc::new(Lost));
-    let brain = Brain::start(config).unwrap();
+    let brain = reference_brain("tool-unknown", "lost", Arc::new(Lost));
     let script = json!([
         {"message": {"role": "assistant", "content": [
             {"type": "tool_use", "id": "t1", "name": "rm", "input": {"path": "x"}}]},
@@ -328,16 +334,7 @@ fn a_tool_call_of_unknown_outcome_is_recorded_answered_and_counted_as_such() {
         {"message": {"role": "assistant", "content": [{"type": "text", "text": "unsure"}]},
          "stop_reason": "end_turn"}
     ]);
-    let session = create(
-        &brain,
-        json!({
-            "agentloop": {"name": "ref"},
-            "model": {"provider": "scripted", "name": "s", "options": {"script": script}},
-            "tools": [{"name": "rm", "description": "removes", "input_schema": {"type": "object"},
-                       "placements": ["box"]}],
-            "environments": [{"name": "box", "driver": "lost"}]
-        }),
-    );
+    let session = tool_session(&brain, &script, "rm", "lost", "You remove.");
     let outcome = wait(&session.send(text("remove x")).unwrap());
     assert_eq!(outcome.outcome, OutcomeKind::Completed, "{outcome:?}");
     let events = session.events(0, 100).unwrap();
@@ -346,7 +343,7 @@ fn a_tool_call_of_unknown_outcome_is_recorded_answered_and_counted_as_such() {
         .find(|e| e.event_type == "tool_call_started")
         .expect("a tool call started");
     assert_eq!(started.data["input"], json!({"path": "x"}));
-    assert_eq!(started.data["environment"], "box");
+    assert_eq!(started.data["environment"], "env");
     let finished = events
         .iter()
         .find(|e| e.event_type == "tool_call_finished")
