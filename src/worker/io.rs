@@ -173,13 +173,24 @@ impl StderrTail {
 /// process group may hold it open forever.
 const STDERR_DRAIN: Duration = Duration::from_millis(500);
 
+/// How often the exit is looked for when it cannot be watched through a pidfd.
+pub const EXIT_POLL: Duration = Duration::from_millis(100);
+
+/// How the stderr thread notices the harness process's exit while it reads stderr.
+pub enum ExitWatch {
+    /// A pidfd, polled together with stderr (Linux 5.3 or later): noticed at once.
+    Pidfd(OwnedFd),
+    /// Asked every [`EXIT_POLL`] (where `pidfd_open` is missing: older kernels, valgrind).
+    Poll(Box<dyn Fn() -> bool + Send>),
+}
+
 /// The stderr thread's body: logs each stderr line tagged with the worker and keeps the tail, and
-/// watches `pidfd` for the process's exit. When the process exits it calls `reap` (which kills the
-/// group and reaps the leader), reads what is left on stderr for at most [`STDERR_DRAIN`], and
-/// returns the exit. If stderr closes first, it waits for the exit in `reap`.
+/// watches for the process's exit. When the process exits it calls `reap` (which kills the group
+/// and reaps the leader), reads what is left on stderr for at most [`STDERR_DRAIN`], and returns
+/// the exit. If stderr closes first, it waits for the exit in `reap`.
 pub fn watch_stderr_and_exit(
     stderr: ChildStderr,
-    pidfd: OwnedFd,
+    watch: ExitWatch,
     label: WorkerLabel,
     tail: Arc<StderrTail>,
     reap: impl FnOnce() -> Exit,
@@ -190,7 +201,7 @@ pub fn watch_stderr_and_exit(
     }
     let mut watched = UntilExit {
         stderr,
-        pidfd,
+        watch,
         reap: Some(reap),
         exit: None,
         drain_until: None,
@@ -216,7 +227,7 @@ fn unreachable_exit() -> Exit {
 /// reports end of file once stderr is drained or [`STDERR_DRAIN`] has passed.
 struct UntilExit<F> {
     stderr: ChildStderr,
-    pidfd: OwnedFd,
+    watch: ExitWatch,
     reap: Option<F>,
     exit: Option<Exit>,
     drain_until: Option<Instant>,
@@ -231,21 +242,28 @@ impl<F: FnOnce() -> Exit> Read for UntilExit<F> {
                 Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
                 Err(error) => return Err(error),
             }
-            let timeout = match self.drain_until {
-                None => PollTimeout::NONE,
+            let mut wait = match self.drain_until {
+                None => None,
                 Some(until) => {
                     let left = until.saturating_duration_since(Instant::now());
                     if left.is_zero() {
                         return Ok(0);
                     }
-                    // Round up so that the deadline has passed when poll returns.
-                    PollTimeout::try_from(left.as_millis() + 1).unwrap_or(PollTimeout::MAX)
+                    Some(left)
                 }
             };
+            let polling_exit = self.reap.is_some() && matches!(self.watch, ExitWatch::Poll(_));
+            if polling_exit {
+                wait = Some(wait.map_or(EXIT_POLL, |left| left.min(EXIT_POLL)));
+            }
+            // Rounded up, so that the deadline has passed when poll returns.
+            let timeout = wait.map_or(PollTimeout::NONE, |wait| {
+                PollTimeout::try_from(wait.as_millis() + 1).unwrap_or(PollTimeout::MAX)
+            });
             let exited = {
                 let mut fds = vec![PollFd::new(self.stderr.as_fd(), PollFlags::POLLIN)];
-                if self.reap.is_some() {
-                    fds.push(PollFd::new(self.pidfd.as_fd(), PollFlags::POLLIN));
+                if let (Some(_), ExitWatch::Pidfd(pidfd)) = (&self.reap, &self.watch) {
+                    fds.push(PollFd::new(pidfd.as_fd(), PollFlags::POLLIN));
                 }
                 loop {
                     match poll(&mut fds, timeout) {
@@ -254,9 +272,13 @@ impl<F: FnOnce() -> Exit> Read for UntilExit<F> {
                         Err(error) => return Err(error.into()),
                     }
                 }
-                fds.get(1)
-                    .and_then(PollFd::revents)
-                    .is_some_and(|events| !events.is_empty())
+                match &self.watch {
+                    ExitWatch::Pidfd(_) => fds
+                        .get(1)
+                        .and_then(PollFd::revents)
+                        .is_some_and(|events| !events.is_empty()),
+                    ExitWatch::Poll(exited) => polling_exit && exited(),
+                }
             };
             if exited && let Some(reap) = self.reap.take() {
                 self.exit = Some(reap());
@@ -305,5 +327,48 @@ mod tests {
         assert!(text.len() <= STDERR_TAIL_BYTES);
         assert!(text.ends_with("line 999"));
         assert!(!text.contains("line 1\n"));
+    }
+
+    /// Both ways of watching the exit notice it while a descendant keeps stderr open, reap the
+    /// process (killing its group, and so the descendant) and keep what it wrote.
+    #[test]
+    fn an_exit_is_noticed_with_stderr_held_open_by_pidfd_or_by_polling() {
+        use crate::worker::process::{self, ExitReason, SpawnSpec};
+        for polled in [false, true] {
+            let spec = SpawnSpec {
+                program: "/bin/sh".into(),
+                args: vec!["-c".into(), "echo bye >&2; sleep 30 & exit 3".into()],
+                env: vec![("PATH".into(), "/usr/bin:/bin".into())],
+                cwd: None,
+            };
+            let spawned = process::spawn(&spec).unwrap();
+            let handle = spawned.handle.clone();
+            let watch = if polled {
+                let handle = handle.clone();
+                ExitWatch::Poll(Box::new(move || process::has_exited(&handle)))
+            } else {
+                ExitWatch::Pidfd(process::open_pidfd(&handle).unwrap())
+            };
+            let tail = Arc::new(StderrTail::default());
+            let (done_tx, done) = crossbeam_channel::bounded(1);
+            let watcher = {
+                let tail = tail.clone();
+                let (stderr, child) = (spawned.stderr, spawned.child);
+                std::thread::spawn(move || {
+                    let label = crate::worker::WorkerLabel::new("t", 0);
+                    let exit = watch_stderr_and_exit(stderr, watch, label, tail, || {
+                        process::wait_and_reap(&handle, child)
+                    });
+                    done_tx.send(exit).unwrap();
+                })
+            };
+            // The sleeping descendant holds stderr for 30 s: only the exit watch ends this.
+            let exit = done
+                .recv_timeout(Duration::from_secs(10))
+                .unwrap_or_else(|_| panic!("the exit went unnoticed (polled: {polled})"));
+            watcher.join().unwrap();
+            assert_eq!(exit.reason, ExitReason::Code(3), "polled: {polled}");
+            assert!(tail.snapshot().contains("bye"), "polled: {polled}");
+        }
     }
 }

@@ -96,8 +96,20 @@ pub fn start(
     let stdin = Arc::new(spawned.stdin);
     let process = spawned.handle.clone();
     let stderr_tail = Arc::new(io::StderrTail::default());
-    let pidfd = match process::open_pidfd(&process) {
-        Ok(pidfd) => pidfd,
+    let watch = match process::open_pidfd(&process) {
+        Ok(pidfd) => io::ExitWatch::Pidfd(pidfd),
+        Err(error) if error.raw_os_error() == Some(libc::ENOSYS) => {
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                log::warn!(
+                    "pidfd_open is not available (Linux before 5.3, or valgrind): harness exits \
+                     are noticed within {:?} instead of at once",
+                    io::EXIT_POLL
+                );
+            });
+            let process = process.clone();
+            io::ExitWatch::Poll(Box::new(move || process::has_exited(&process)))
+        }
         Err(error) => {
             process.kill();
             let _ = process::wait_and_reap(&process, spawned.child);
@@ -130,7 +142,7 @@ pub fn start(
                 let (label, tail, stderr) = (label.clone(), stderr_tail.clone(), spawned.stderr);
                 let (events, process, child) = (events.clone(), process.clone(), spawned.child);
                 move || {
-                    let exit = io::watch_stderr_and_exit(stderr, pidfd, label, tail, || {
+                    let exit = io::watch_stderr_and_exit(stderr, watch, label, tail, || {
                         process::wait_and_reap(&process, child)
                     });
                     let _ = events.send((key, WorkerEvent::Exited(exit)));

@@ -7,7 +7,7 @@
 //! signals a pid that may belong to someone else.
 
 use nix::sys::signal::{Signal, killpg};
-use nix::sys::wait::{Id, WaitPidFlag, waitid};
+use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid};
 use nix::unistd::Pid;
 use parking_lot::Mutex;
 use std::fmt;
@@ -204,6 +204,29 @@ pub fn wait_and_reap(handle: &ProcessHandle, mut child: Child) -> Exit {
         }
     }
     reap(handle, &mut child)
+}
+
+/// Whether the harness process has exited, without reaping it (it stays a zombie for
+/// [`wait_and_reap`]): how the exit is noticed where [`open_pidfd`] is not available. A failure
+/// to ask (the process was reaped already) counts as exited.
+pub fn has_exited(handle: &ProcessHandle) -> bool {
+    let Ok(raw) = i32::try_from(handle.pid) else {
+        return true;
+    };
+    loop {
+        match waitid(
+            Id::Pid(Pid::from_raw(raw)),
+            WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT | WaitPidFlag::WNOHANG,
+        ) {
+            Ok(WaitStatus::StillAlive) => return false,
+            Ok(_) => return true,
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(error) => {
+                log::error!("waitid on harness pid {raw} failed: {error}");
+                return true;
+            }
+        }
+    }
 }
 
 /// A pidfd of the harness process (Linux 5.3 or later), which polls readable once it has
