@@ -1222,8 +1222,9 @@ impl BrainCall {
             #[serde(borrow)]
             id: &'a RawValue,
             method: &'a str,
+            // Typed in the same pass: scanning the params as raw text first cost as much again.
             #[serde(borrow)]
-            params: &'a RawValue,
+            params: Object<Params<'a>>,
         }
         #[derive(Deserialize)]
         struct Params<'a> {
@@ -1233,7 +1234,7 @@ impl BrainCall {
             #[serde(borrow)]
             input: &'a RawValue,
         }
-        let wire: Wire = serde_json::from_slice(line).ok()?;
+        let Object(wire) = serde_json::from_slice::<Object<Wire>>(line).ok()?;
         if wire.jsonrpc != "2.0" || wire.method != method::BRAIN_CALL {
             return None;
         }
@@ -1242,10 +1243,7 @@ impl BrainCall {
             Value::String(s) => RequestId::Str(s),
             _ => return None,
         };
-        if !wire.params.get().starts_with('{') {
-            return None;
-        }
-        let params: Params = serde_json::from_str(wire.params.get()).ok()?;
+        let Object(params) = wire.params;
         let input = CallbackInput::decode_json(&params.method, params.input);
         Some((
             id,
@@ -1255,6 +1253,28 @@ impl BrainCall {
                 input,
             },
         ))
+    }
+}
+
+/// A `T` that must be a JSON object. serde's derived impls also take a JSON array, field by field
+/// in order, which JSON-RPC and this protocol do not allow (the general path refuses it).
+struct Object<T>(T);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Object<T> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Object<T>, D::Error> {
+        struct OnlyMaps<T>(std::marker::PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for OnlyMaps<T> {
+            type Value = T;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+                T::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+            }
+        }
+        deserializer
+            .deserialize_map(OnlyMaps(std::marker::PhantomData))
+            .map(Object)
     }
 }
 
@@ -1798,6 +1818,7 @@ mod tests {
             r#"{"jsonrpc":"2.0","id":1,"method":"brain/call","params":{"session_id":"s","sequence":1,"method":"environments.list"}}"#,
             r#"{"jsonrpc":"2.0","id":1,"method":"brain\/call","params":{"session_id":"s","sequence":1,"method":"kv.get","input":{"key":"k"}}}"#,
             r#"{"jsonrpc":"2.0","id":1,"method":"brain/call","params":["s",1,"kv.get",{"key":"k"}]}"#,
+            r#"["2.0",1,"brain/call",{"session_id":"s","sequence":1,"method":"kv.get","input":{"key":"k"}}]"#,
             r#"{"jsonrpc":"2.0","id":1.5,"method":"brain/call","params":{"session_id":"s","sequence":1,"method":"kv.get"}}"#,
             r#"{"jsonrpc":"2.0","method":"brain/call","params":{"session_id":"s","sequence":1,"method":"kv.get"}}"#,
             r#"{"jsonrpc":"1.0","id":1,"method":"brain/call","params":{"session_id":"s","sequence":1,"method":"kv.get"}}"#,
