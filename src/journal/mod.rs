@@ -168,15 +168,17 @@ fn one_of(kind: RecordKind, kinds: &[RecordKind], which: &str) -> Result<(), Jou
 
 /// `data` as JSON text, which must be an object.
 fn encode_object(kind: RecordKind, data: &impl Serialize) -> Result<Box<RawValue>, JournalError> {
-    let text = serde_json::to_string(data)
+    // `to_raw_value` keeps the text serde_json wrote; `RawValue::from_string` would parse it all
+    // again to check it.
+    let text = serde_json::value::to_raw_value(data)
         .map_err(|e| JournalError::Failed(format!("a {kind} record cannot be encoded: {e}")))?;
-    if !text.starts_with('{') {
+    if !text.get().starts_with('{') {
         return Err(JournalError::Failed(format!(
-            "a {kind} record's data must be a JSON object, not {text}"
+            "a {kind} record's data must be a JSON object, not {}",
+            text.get()
         )));
     }
-    RawValue::from_string(text)
-        .map_err(|e| JournalError::Failed(format!("a {kind} record cannot be encoded: {e}")))
+    Ok(text)
 }
 
 /// Called once when a record is durable, or with the error that prevented it. See
