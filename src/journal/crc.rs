@@ -1,7 +1,10 @@
-//! CRC32C (Castagnoli), table-driven, eight bytes at a time ("slicing-by-8"). The journal's frames
-//! and segment headers carry it (docs/JOURNAL.md). A byte at a time cost about 5 % of the CPU of a
-//! durable callback in the benchmark's profile; eight at a time costs a quarter of that, in plain
-//! safe code.
+//! CRC32C (Castagnoli). The journal's frames and segment headers carry it (docs/JOURNAL.md).
+//!
+//! On x86-64 CPUs with SSE4.2 (every x86-64 CPU since 2008) it uses the `crc32` instruction, eight
+//! bytes per instruction; elsewhere a table, eight bytes at a time ("slicing-by-8"). A byte at a
+//! time cost about 5 % of the CPU of a durable callback in the benchmark's profile; the table a
+//! quarter of that. With the instruction, encoding a model call's frame (≈ 1.2 KiB, checksum and
+//! copy) takes ≈ 1,100 instructions against ≈ 3,800 with the table (callgrind).
 
 /// The reflected Castagnoli polynomial.
 const POLYNOMIAL: u32 = 0x82F6_3B78;
@@ -53,7 +56,41 @@ impl Crc32c {
     }
 
     /// Continues over `bytes`.
-    pub(crate) fn update(mut self, bytes: &[u8]) -> Crc32c {
+    pub(crate) fn update(self, bytes: &[u8]) -> Crc32c {
+        #[cfg(target_arch = "x86_64")]
+        if std::is_x86_feature_detected!("sse4.2") {
+            // SAFETY: `update_sse42` needs only SSE4.2, which this CPU has (checked just above),
+            // and reads `bytes` through safe slice operations.
+            return unsafe { self.update_sse42(bytes) };
+        }
+        self.update_table(bytes)
+    }
+
+    /// [`update`](Self::update) with the `crc32` instruction, which computes the same register.
+    ///
+    /// # Safety
+    /// The CPU must support SSE4.2.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "sse4.2")]
+    unsafe fn update_sse42(self, bytes: &[u8]) -> Crc32c {
+        use std::arch::x86_64::{_mm_crc32_u8, _mm_crc32_u64};
+        let mut crc = u64::from(self.0);
+        let mut chunks = bytes.chunks_exact(8);
+        for chunk in &mut chunks {
+            let mut word = [0u8; 8];
+            word.copy_from_slice(chunk);
+            crc = _mm_crc32_u64(crc, u64::from_le_bytes(word));
+        }
+        // The instruction leaves the upper half zero.
+        let mut crc = crc as u32;
+        for &byte in chunks.remainder() {
+            crc = _mm_crc32_u8(crc, byte);
+        }
+        Crc32c(crc)
+    }
+
+    /// [`update`](Self::update) with the tables.
+    fn update_table(mut self, bytes: &[u8]) -> Crc32c {
         let mut chunks = bytes.chunks_exact(8);
         for chunk in &mut chunks {
             let low = self.0 ^ u32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
@@ -120,6 +157,18 @@ mod tests {
         for start in 0..9 {
             for end in start..data.len() {
                 assert_eq!(crc32c(&data[start..end]), reference(&data[start..end]));
+            }
+        }
+    }
+
+    #[test]
+    fn the_table_agrees_with_the_bitwise_definition_too() {
+        // On x86-64 `crc32c` takes the instruction; the table is still the fallback elsewhere.
+        let data: Vec<u8> = (0..300u32).map(|i| (i * 7919 % 251) as u8).collect();
+        for start in 0..9 {
+            for end in start..data.len() {
+                let table = Crc32c::new().update_table(&data[start..end]).finish();
+                assert_eq!(table, reference(&data[start..end]));
             }
         }
     }
