@@ -3,9 +3,10 @@
 //! Two levels, both synchronous and threaded (no async runtime):
 //!
 //! - [`serve`] runs the whole protocol for a [`Handler`]: it answers `initialize`, runs each `run`
-//!   on a thread of its own (kept for later activations) with an [`Activation`] (its params, [`Activation::call`] for `brain/call`,
-//!   and a [`CancelToken`]), turns `cancel` into a cancelled token, and answers `close`,
-//!   `shutdown` and unknown methods. It returns when Brain closes stdin.
+//!   on a thread of its own (kept for later activations) with an [`Activation`] (its params,
+//!   [`Activation::call`] for `brain/call`, and a [`CancelToken`]), turns `cancel` into a
+//!   cancelled token, and answers `close`, `shutdown` and unknown methods. It returns when Brain
+//!   closes stdin.
 //! - [`Connection`] is the transport underneath: a reader thread and a writer thread on the
 //!   process's stdin and stdout (or any reader and writer), Brain's requests on a channel,
 //!   [`Connection::respond`] from any thread, and [`Connection::call`], which blocks until Brain
