@@ -470,15 +470,19 @@ fn model(
 
 /// Appends an effect's finished record, `{"outcome", "result", "started"}`, and answers the
 /// callback with `{"sequence": started, "result"}` (a `ModelCallResult` or a `ToolCallResult`).
-/// The result is encoded once, for both.
+/// The result is encoded once, for both. An `unknown` outcome is counted, as [`append`] counts
+/// it.
 fn finish_effect(
     job: &Job,
     journal: &dyn Journal,
     kind: RecordKind,
     started: u64,
-    outcome: impl Serialize,
+    outcome: &str,
     result: &impl Serialize,
 ) -> Result<Vec<u8>, RpcError> {
+    if outcome == "unknown" {
+        job.metrics.unknown_outcome();
+    }
     let result = serde_json::value::to_raw_value(result).map_err(|error| {
         call_error(
             ErrorCode::JournalFailed,
@@ -486,8 +490,8 @@ fn finish_effect(
         )
     })?;
     #[derive(Serialize)]
-    struct Finished<'a, O> {
-        outcome: O,
+    struct Finished<'a> {
+        outcome: &'a str,
         result: &'a RawValue,
     }
     let data = Finished {
@@ -664,15 +668,12 @@ fn tool(
             }
         }
     };
-    if result.outcome == ToolOutcome::Unknown {
-        job.metrics.unknown_outcome();
-    }
     finish_effect(
         job,
         journal,
         RecordKind::ToolCallFinished,
         started,
-        result.outcome,
+        result.outcome.as_str(),
         &result,
     )
 }

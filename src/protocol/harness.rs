@@ -874,6 +874,19 @@ pub enum ToolOutcome {
     Unknown,
 }
 
+impl ToolOutcome {
+    /// The outcome as it is written on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ToolOutcome::Ok => "ok",
+            ToolOutcome::Error => "error",
+            ToolOutcome::Timeout => "timeout",
+            ToolOutcome::Cancelled => "cancelled",
+            ToolOutcome::Unknown => "unknown",
+        }
+    }
+}
+
 /// The result of a tool call that started.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToolResult {
@@ -1944,7 +1957,8 @@ mod tests {
             let text = format!(
                 r#"{{"outcome":"{outcome}","content":[{{"type":"text","text":"x"}}],"is_error":true}}"#
             );
-            round_trip::<ToolResult>(&text);
+            let result: ToolResult = round_trip(&text);
+            assert_eq!(result.outcome.as_str(), outcome);
         }
         round_trip::<ToolCallResult>(
             r#"{"sequence":15,"result":{"outcome":"ok","content":[],"is_error":false}}"#,
