@@ -5,7 +5,7 @@ mod common;
 
 use brain::cancel::CancelToken;
 use brain::effects::{EffectError, Effects, EnvironmentDriver, ToolCall};
-use brain::protocol::harness::{Block, ToolOutcome, ToolResult, UserInput};
+use brain::protocol::harness::{Block, Event, ToolOutcome, ToolResult, UserInput};
 use brain::{Activation, Brain, Config, Options, Outcome, OutcomeKind, Registrations, Session};
 use common::*;
 use serde_json::{Value, json};
@@ -165,10 +165,7 @@ fn transcript_set_is_stored_as_a_delta_and_emit_and_events_read_work() {
         .collect();
     assert_eq!(deltas[0], &json!({"keep": 0, "append": [first]}));
     assert_eq!(deltas[1], &json!({"keep": 1, "append": [second]}));
-    let emitted = events
-        .iter()
-        .find(|e| e.event_type == "event_emitted")
-        .unwrap();
+    let emitted = first_of(&events, "event_emitted");
     assert_eq!(
         emitted.data,
         json!({"type": "progress", "data": {"pct": 50}})
@@ -227,6 +224,14 @@ impl EnvironmentDriver for Calculator {
             is_error: false,
         })
     }
+}
+
+/// The first record of `kind` among `events`; panics, naming the kind, when there is none.
+fn first_of<'a>(events: &'a [Event], kind: &str) -> &'a Event {
+    events
+        .iter()
+        .find(|e| e.event_type == kind)
+        .unwrap_or_else(|| panic!("no {kind} record in {events:?}"))
 }
 
 /// A Brain with one reference-harness worker, `ref`, and an embedder's environment driver.
@@ -338,16 +343,10 @@ fn a_tool_call_of_unknown_outcome_is_recorded_answered_and_counted_as_such() {
     let outcome = wait(&session.send(text("remove x")).unwrap());
     assert_eq!(outcome.outcome, OutcomeKind::Completed, "{outcome:?}");
     let events = session.events(0, 100).unwrap();
-    let started = events
-        .iter()
-        .find(|e| e.event_type == "tool_call_started")
-        .expect("a tool call started");
+    let started = first_of(&events, "tool_call_started");
     assert_eq!(started.data["input"], json!({"path": "x"}));
     assert_eq!(started.data["environment"], "env");
-    let finished = events
-        .iter()
-        .find(|e| e.event_type == "tool_call_finished")
-        .expect("the tool call's outcome was recorded");
+    let finished = first_of(&events, "tool_call_finished");
     assert_eq!(finished.data["started"], started.sequence);
     assert_eq!(finished.data["outcome"], "unknown");
     assert_eq!(finished.data["result"]["is_error"], true);
@@ -608,10 +607,7 @@ fn the_built_in_local_driver_runs_tools_as_commands() {
     let outcome = wait(&session.send(text("echo it")).unwrap());
     assert_eq!(outcome.outcome, OutcomeKind::Completed, "{outcome:?}");
     let events = session.events(0, 100).unwrap();
-    let finished = events
-        .iter()
-        .find(|e| e.event_type == "tool_call_finished")
-        .expect("the tool ran");
+    let finished = first_of(&events, "tool_call_finished");
     assert_eq!(finished.data["outcome"], "ok");
     let output = finished.data["result"]["content"][0]["text"]
         .as_str()
