@@ -4,7 +4,8 @@
 //! to the activation it names (authority), whether it may start (after `cancel`, after a fatal
 //! error, the per-activation limit), and otherwise hands it to the executor. An executor thread
 //! runs it — journal appends that wait for durability, model and tool effects that block on
-//! providers — and reports back. The dispatcher counts the callback as answered, records a fatal
+//! providers — and reports back; an effect's last record is the exception: the executor hands it
+//! to the journal and goes on, and whichever thread makes it durable reports. The dispatcher counts the callback as answered, records a fatal
 //! error, and only then writes the answer to the harness, so that the harness can never observe an
 //! answer before the dispatcher knows the callback finished (which would make a prompt `run`
 //! answer look like `callbacks_outstanding`).
@@ -113,25 +114,63 @@ fn serve(
         let mut incarnation = None;
         let method = call.method().as_str();
         let answer = run(&job, call, journal, effects, &mut incarnation);
-        let done = CallbackDone {
+        let session = job.session.clone();
+        let reply = Reply {
             method,
-            session: job.session,
-            sequence: job.sequence,
-            key: job.key,
-            id: job.id,
+            job,
+            internal: internal.clone(),
+        };
+        match answer {
+            Ok(Answer::Now(line)) => reply.send(Ok(line), incarnation),
+            Ok(Answer::OnceDurable { record, line }) => journal.append_effect_then(
+                &session,
+                record,
+                Box::new(move |durable| {
+                    reply.send(durable.map(|()| line).map_err(journal_failed), None);
+                }),
+            ),
+            Err(error) => reply.send(Err(error), incarnation),
+        }
+    }
+}
+
+/// A callback's answer, as [`run`] leaves it.
+enum Answer {
+    /// The response line, to send now.
+    Now(Vec<u8>),
+    /// An effect's finished record and the response line, to send once the record is durable.
+    /// The executor appends it and goes back to its queue: whoever makes the record durable
+    /// sends the answer, so that under load no executor waits for another thread's flush.
+    OnceDurable { record: EffectRecord, line: Vec<u8> },
+}
+
+/// Where the answer to one callback goes: to the dispatcher, as a [`CallbackDone`].
+struct Reply {
+    method: &'static str,
+    job: Job,
+    internal: Sender<Internal>,
+}
+
+impl Reply {
+    fn send(self, answer: Result<Vec<u8>, RpcError>, incarnation: Option<(String, u64)>) {
+        let done = CallbackDone {
+            method: self.method,
+            session: self.job.session,
+            sequence: self.job.sequence,
+            key: self.job.key,
+            id: self.job.id,
             answer,
             incarnation,
         };
-        if internal.send(Internal::CallbackDone(done)).is_err() {
-            return;
-        }
+        // Fails only once the dispatcher has stopped, and then nobody waits for the answer.
+        let _ = self.internal.send(Internal::CallbackDone(done));
     }
 }
 
 /// The response line answering `job` with `result`. Executors encode it straight from the typed
 /// result, in parallel, so the dispatcher only forwards bytes.
-fn answer(job: &Job, result: &impl Serialize) -> Result<Vec<u8>, RpcError> {
-    Ok(jsonrpc::encode_result(&job.id, result))
+fn answer(job: &Job, result: &impl Serialize) -> Result<Answer, RpcError> {
+    Ok(Answer::Now(jsonrpc::encode_result(&job.id, result)))
 }
 
 fn kv_get_result(value: Option<Value>) -> KvGetResult {
@@ -160,7 +199,7 @@ fn append(
         .map_err(journal_failed)
 }
 
-fn sequence_answer(job: &Job, sequence: u64) -> Result<Vec<u8>, RpcError> {
+fn sequence_answer(job: &Job, sequence: u64) -> Result<Answer, RpcError> {
     answer(job, &SequenceResult { sequence })
 }
 
@@ -181,7 +220,7 @@ fn run(
     journal: &dyn Journal,
     effects: &Effects,
     incarnation: &mut Option<(String, u64)>,
-) -> Result<Vec<u8>, RpcError> {
+) -> Result<Answer, RpcError> {
     match call {
         CallbackInput::KvGet(input) => {
             let value = journal
@@ -398,7 +437,7 @@ fn model(
     journal: &dyn Journal,
     effects: &Effects,
     mut request: ModelRequest,
-) -> Result<Vec<u8>, RpcError> {
+) -> Result<Answer, RpcError> {
     let spec = &job.spec;
     let provider = effects.provider(&spec.model.provider).ok_or_else(|| {
         call_error(
@@ -458,28 +497,20 @@ fn model(
             return answer;
         }
     };
-    finish_effect(
-        job,
-        journal,
-        RecordKind::ModelCallFinished,
-        started,
-        "ok",
-        &result,
-    )
+    finish_effect(job, RecordKind::ModelCallFinished, started, "ok", &result)
 }
 
-/// Appends an effect's finished record, `{"outcome", "result", "started"}`, and answers the
-/// callback with `{"sequence": started, "result"}` (a `ModelCallResult` or a `ToolCallResult`).
-/// The result is encoded once, for both. An `unknown` outcome is counted, as [`append`] counts
-/// it.
+/// An effect's finished record, `{"outcome", "result", "started"}`, and the answer to the
+/// callback, `{"sequence": started, "result"}` (a `ModelCallResult` or a `ToolCallResult`), to
+/// send once the record is durable. The result is encoded once, for both. An `unknown` outcome is
+/// counted, as [`append`] counts it.
 fn finish_effect(
     job: &Job,
-    journal: &dyn Journal,
     kind: RecordKind,
     started: u64,
     outcome: &str,
     result: &impl Serialize,
-) -> Result<Vec<u8>, RpcError> {
+) -> Result<Answer, RpcError> {
     if outcome == "unknown" {
         job.metrics.unknown_outcome();
     }
@@ -498,19 +529,20 @@ fn finish_effect(
         outcome,
         result: &result,
     };
-    append_effect(job, journal, EffectRecord::finished(kind, started, &data))?;
+    let record = EffectRecord::finished(kind, started, &data).map_err(journal_failed)?;
     #[derive(Serialize)]
-    struct Answer<'a> {
+    struct CallResult<'a> {
         sequence: u64,
         result: &'a RawValue,
     }
-    answer(
-        job,
-        &Answer {
+    let line = jsonrpc::encode_result(
+        &job.id,
+        &CallResult {
             sequence: started,
             result: &result,
         },
-    )
+    );
+    Ok(Answer::OnceDurable { record, line })
 }
 
 /// Appends `record` (as built: its encoding may have failed) and waits until it is durable.
@@ -528,7 +560,7 @@ fn append_effect(
 fn effect_failure(
     started: u64,
     error: crate::effects::EffectError,
-) -> (Value, Result<Vec<u8>, RpcError>) {
+) -> (Value, Result<Answer, RpcError>) {
     use crate::effects::EffectError;
     match error {
         EffectError::Failed { code, message } => (
@@ -558,7 +590,7 @@ fn tool(
     name: &str,
     input: &Value,
     environment: Option<&str>,
-) -> Result<Vec<u8>, RpcError> {
+) -> Result<Answer, RpcError> {
     let spec = &job.spec;
     let declared = spec
         .request
@@ -670,7 +702,6 @@ fn tool(
     };
     finish_effect(
         job,
-        journal,
         RecordKind::ToolCallFinished,
         started,
         result.outcome.as_str(),

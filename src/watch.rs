@@ -89,6 +89,12 @@ impl Journal for WatchedJournal {
         appended
     }
 
+    fn append_effect_then(&self, session: &SessionId, record: EffectRecord, done: DurableCallback) {
+        // Bumped once the record is placed (readable), as append is; `done` may already have run.
+        self.inner.append_effect_then(session, record, done);
+        self.bump();
+    }
+
     fn read(
         &self,
         session: &SessionId,

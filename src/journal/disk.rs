@@ -762,6 +762,16 @@ impl Journal for DiskJournal {
         Ok(sequence)
     }
 
+    fn append_effect_then(&self, session: &SessionId, record: EffectRecord, done: DurableCallback) {
+        let placed = frame::encode_effect_body(&record)
+            .map_err(JournalError::Failed)
+            .and_then(|body| self.place_body(session, body, &record.projected()));
+        match placed {
+            Ok((_, end)) => self.shared.flush_then(end, done),
+            Err(error) => run_callback(done, Err(error)),
+        }
+    }
+
     fn on_durable(&self, session: &SessionId, sequence: u64, done: DurableCallback) {
         if self.shared.read_only {
             return run_callback(done, Err(read_only()));
@@ -1416,6 +1426,16 @@ impl Shared {
                 "the journal dropped a durability callback".to_owned(),
             ))
         })
+    }
+
+    /// Calls `done` once everything up to `end` is durable, flushing on this thread if nobody
+    /// else is flushing (then `done` runs here), and otherwise leaving it to the thread that is,
+    /// which looks at the queue again when it is done: this thread never waits.
+    fn flush_then(&self, end: u64, done: DurableCallback) {
+        self.register(end, done);
+        if self.try_flush() {
+            self.wake_writer();
+        }
     }
 
     /// Flushes what is queued, unless another thread is flushing; returns whether more frames

@@ -375,6 +375,24 @@ pub trait Journal: Send + Sync + 'static {
         self.append_durable(session, record.to_record())
     }
 
+    /// Appends an effect record as [`Journal::append_effect_durable`] does, but instead of
+    /// blocking calls `done` exactly once: with `Ok` once the record is durable, or with the
+    /// error that prevented it (including a refused append).
+    ///
+    /// For the last record of a callback, whose answer only has to wait for it: the calling
+    /// thread goes back to its own work instead of waiting for another thread's flush. The
+    /// default appends and passes `done` to [`Journal::on_durable`]; a journal may instead flush
+    /// on the calling thread when nobody else is (then `done` has run before this returns), as
+    /// its `append_effect_durable` does. `done` must not block for long (see
+    /// [`Journal::on_durable`]). A wrapper that delegates to another journal should delegate this
+    /// too.
+    fn append_effect_then(&self, session: &SessionId, record: EffectRecord, done: DurableCallback) {
+        match self.append(session, record.to_record()) {
+            Ok(sequence) => self.on_durable(session, sequence, done),
+            Err(error) => done(Err(error)),
+        }
+    }
+
     /// The records with sequence greater than `after`, oldest first, at most `limit`: each as an
     /// [`Event`] whose `type` is the record's kind (e.g. `event_emitted`) and whose `data` is the
     /// record's payload as appended. May include records not yet durable.
