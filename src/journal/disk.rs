@@ -375,6 +375,18 @@ struct Unwritten {
     recorded_at_ms: u64,
 }
 
+impl Unwritten {
+    fn new(mut body: Vec<u8>, recorded_at_ms: u64) -> Unwritten {
+        // Bodies are encoded into a buffer reserved for a typical record, and an idle session
+        // keeps its last records until they are pruned: keep only the bytes.
+        body.shrink_to_fit();
+        Unwritten {
+            body,
+            recorded_at_ms,
+        }
+    }
+}
+
 /// A record and its stamp.
 struct Stored {
     record: NewRecord,
@@ -633,13 +645,8 @@ impl DiskJournal {
             if let Some(loaded) = s.loaded.as_deref_mut() {
                 loaded.apply(session, sequence, projected, true);
             }
-            s.unwritten.push_back((
-                sequence,
-                Unwritten {
-                    body,
-                    recorded_at_ms,
-                },
-            ));
+            s.unwritten
+                .push_back((sequence, Unwritten::new(body, recorded_at_ms)));
             Ok((sequence, loc.end()))
         })
     }
@@ -718,13 +725,7 @@ impl Journal for DiskJournal {
                 id: session.clone(),
                 locs: vec![loc],
                 last_stamp: recorded_at_ms,
-                unwritten: VecDeque::from([(
-                    1,
-                    Unwritten {
-                        body,
-                        recorded_at_ms,
-                    },
-                )]),
+                unwritten: VecDeque::from([(1, Unwritten::new(body, recorded_at_ms))]),
                 loaded: Some(Box::new(loaded)),
                 refused: None,
                 deleted: false,

@@ -291,8 +291,8 @@ fn checked_body<D: Serialize + ?Sized>(
     kind: RecordKind,
     body: &BodyOut<'_, D>,
 ) -> Result<Vec<u8>, String> {
-    let body =
-        serde_json::to_vec(body).map_err(|e| format!("the record cannot be encoded: {e}"))?;
+    let body = crate::protocol::to_json_vec(body)
+        .map_err(|e| format!("the record cannot be encoded: {e}"))?;
     if body.len() > MAX_BODY_LEN as usize {
         return Err(format!(
             "a {kind} record of {} bytes is larger than the journal's limit of {MAX_BODY_LEN} bytes",
