@@ -52,23 +52,38 @@ impl Histogram {
     }
 }
 
-/// A counter with labels, behind a leaf lock.
+/// A counter with two labels, behind a leaf lock. The counts are nested by label so that an
+/// event seen before is found by reference: counting it allocates nothing (the dispatcher counts
+/// every callback).
 #[derive(Debug, Default)]
-struct Labeled(Mutex<BTreeMap<Vec<(&'static str, String)>, u64>>);
+struct Labeled(Mutex<BTreeMap<String, BTreeMap<String, u64>>>);
 
 impl Labeled {
-    fn add(&self, labels: Vec<(&'static str, String)>) {
-        *self.0.lock().entry(labels).or_insert(0) += 1;
+    fn add(&self, first: &str, second: &str) {
+        let mut counts = self.0.lock();
+        if let Some(count) = counts.get_mut(first).and_then(|by| by.get_mut(second)) {
+            *count += 1;
+            return;
+        }
+        counts
+            .entry(first.to_owned())
+            .or_default()
+            .insert(second.to_owned(), 1);
     }
 
-    fn render(&self, out: &mut String, name: &str, help: &str) {
+    /// Renders the counts, the labels named `names`, in the order of their values.
+    fn render(&self, out: &mut String, name: &str, help: &str, names: [&str; 2]) {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
-        for (labels, value) in self.0.lock().iter() {
-            let labels: Vec<String> = labels
-                .iter()
-                .map(|(k, v)| format!("{k}=\"{}\"", escape(v)))
-                .collect();
-            let _ = writeln!(out, "{name}{{{}}} {value}", labels.join(","));
+        let [first_name, second_name] = names;
+        for (first, by) in self.0.lock().iter() {
+            for (second, value) in by {
+                let _ = writeln!(
+                    out,
+                    "{name}{{{first_name}=\"{}\",{second_name}=\"{}\"}} {value}",
+                    escape(first),
+                    escape(second)
+                );
+            }
         }
     }
 }
@@ -102,18 +117,12 @@ pub(crate) struct Gauges<'a> {
 impl Metrics {
     /// An activation ended with this outcome (and failure code).
     pub(crate) fn activation(&self, outcome: &str, code: Option<&str>) {
-        self.activations.add(vec![
-            ("outcome", outcome.to_owned()),
-            ("code", code.unwrap_or("").to_owned()),
-        ]);
+        self.activations.add(outcome, code.unwrap_or(""));
     }
 
     /// A callback was answered with this code (`ok` for success).
     pub(crate) fn callback(&self, method: &str, code: &str) {
-        self.callbacks.add(vec![
-            ("method", method.to_owned()),
-            ("code", code.to_owned()),
-        ]);
+        self.callbacks.add(method, code);
     }
 
     /// An effect's outcome could not be known.
@@ -196,11 +205,13 @@ impl Metrics {
             &mut out,
             "brain_activations_total",
             "Activations ended, by outcome and failure code.",
+            ["outcome", "code"],
         );
         self.callbacks.render(
             &mut out,
             "brain_callbacks_total",
             "Callbacks answered, by method and code (ok for success).",
+            ["method", "code"],
         );
         let _ = writeln!(
             out,
@@ -245,6 +256,8 @@ mod tests {
         metrics.activation("completed", None);
         metrics.activation("failed", Some("worker_lost"));
         metrics.callback("kv.get", "ok");
+        metrics.callback("kv.get", "ok");
+        metrics.callback("kv.get", "not_found");
         metrics.schedule_to_start.observe(Duration::from_millis(3));
         metrics.schedule_to_start.observe(Duration::from_secs(2));
         let text = metrics.render(&Gauges {
@@ -255,7 +268,8 @@ mod tests {
         assert!(
             text.contains("brain_activations_total{outcome=\"failed\",code=\"worker_lost\"} 1")
         );
-        assert!(text.contains("brain_callbacks_total{method=\"kv.get\",code=\"ok\"} 1"));
+        assert!(text.contains("brain_callbacks_total{method=\"kv.get\",code=\"ok\"} 2"));
+        assert!(text.contains("brain_callbacks_total{method=\"kv.get\",code=\"not_found\"} 1"));
         assert!(text.contains("brain_schedule_to_start_seconds_bucket{le=\"0.005\"} 1"));
         assert!(text.contains("brain_schedule_to_start_seconds_bucket{le=\"2.5\"} 2"));
         assert!(text.contains("brain_schedule_to_start_seconds_count 2"));
