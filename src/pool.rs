@@ -151,8 +151,57 @@ struct Slot {
     init_latency: Option<Duration>,
     /// Whether the slot's first spawn has come to an answer or a failure (startup waits for it).
     settled: bool,
-    /// The state last published (for change notices).
-    published: Option<WorkerState>,
+    /// What was last published of the slot (and its state, for change notices).
+    shown: Option<Shown>,
+}
+
+/// The parts of a slot's status as last published. Publishing rebuilds the whole status, with a
+/// copy of each worker's `initialize` answer; most worker events, every callback among them,
+/// change none of these parts, and then there is nothing to publish.
+#[derive(Debug)]
+struct Shown {
+    state: WorkerState,
+    generation: u64,
+    pid: Option<u32>,
+    restarts: u64,
+    initialized: bool,
+    violations: u64,
+    last_failure: Option<WorkerFailure>,
+}
+
+impl Slot {
+    fn pid(&self) -> Option<u32> {
+        self.live.as_ref().map(|l| l.running.process.pid())
+    }
+
+    fn violations(&self) -> u64 {
+        self.live.as_ref().map_or(0, |l| l.violations.total())
+    }
+
+    fn shown_now(&self) -> Shown {
+        Shown {
+            state: self.state,
+            generation: self.generation,
+            pid: self.pid(),
+            restarts: self.restarts,
+            initialized: self.initialized.is_some(),
+            violations: self.violations(),
+            last_failure: self.last_failure.clone(),
+        }
+    }
+
+    /// Whether the slot's status is still what was last published.
+    fn shows_as_published(&self) -> bool {
+        self.shown.as_ref().is_some_and(|shown| {
+            shown.state == self.state
+                && shown.generation == self.generation
+                && shown.pid == self.pid()
+                && shown.restarts == self.restarts
+                && shown.initialized == self.initialized.is_some()
+                && shown.violations == self.violations()
+                && shown.last_failure.as_ref() == self.last_failure.as_ref()
+        })
+    }
 }
 
 #[derive(Debug)]
@@ -196,6 +245,8 @@ pub(crate) struct Pool {
     board: Arc<StatusBoard>,
     base_env: Vec<(String, String)>,
     shutting_down: bool,
+    /// `shutting_down` as last published; `None` before the first publish.
+    shown_shutting_down: Option<bool>,
     started: bool,
     jitter: Jitter,
     happenings: Vec<Happening>,
@@ -232,7 +283,7 @@ impl Pool {
                         initialized: None,
                         init_latency: None,
                         settled: false,
-                        published: None,
+                        shown: None,
                     })
                     .collect(),
                 registration,
@@ -249,6 +300,7 @@ impl Pool {
             board,
             base_env: inherited_env(),
             shutting_down: false,
+            shown_shutting_down: None,
             started: false,
             jitter: Jitter::seeded(),
             happenings: Vec::new(),
@@ -324,12 +376,12 @@ impl Pool {
                         .map(|slot| WorkerStatus {
                             slot: slot.index,
                             state: slot.state,
-                            pid: slot.live.as_ref().map(|l| l.running.process.pid()),
+                            pid: slot.pid(),
                             restarts: slot.restarts,
                             initialized: slot.initialized.clone(),
                             init_latency_ms: slot.init_latency.map(|d| d.as_secs_f64() * 1e3),
                             last_failure: slot.last_failure.clone(),
-                            violations: slot.live.as_ref().map_or(0, |l| l.violations.total()),
+                            violations: slot.violations(),
                         })
                         .collect(),
                 })
@@ -337,20 +389,30 @@ impl Pool {
         }
     }
 
-    /// Publishes the status and notes every slot whose state changed since the last publish.
+    /// Publishes the status, if it changed, and notes every slot whose state changed since the
+    /// last publish.
     pub(crate) fn publish(&mut self) {
+        let unchanged = self.shown_shutting_down == Some(self.shutting_down)
+            && self
+                .registrations
+                .iter()
+                .all(|reg| reg.slots.iter().all(Slot::shows_as_published));
+        if unchanged {
+            return;
+        }
         let status = self.status();
-        for (r, registration) in status.registrations.iter().enumerate() {
-            for worker in &registration.workers {
-                let last = &mut self.registrations[r].slots[worker.slot as usize].published;
-                if *last != Some(worker.state) {
-                    *last = Some(worker.state);
+        self.shown_shutting_down = Some(self.shutting_down);
+        for (r, registration) in self.registrations.iter_mut().enumerate() {
+            for slot in &mut registration.slots {
+                let shown = slot.shown_now();
+                if slot.shown.as_ref().map(|s| s.state) != Some(shown.state) {
                     self.happenings.push(Happening::SlotState {
                         registration: r,
-                        slot: worker.slot,
-                        state: worker.state,
+                        slot: slot.index,
+                        state: shown.state,
                     });
                 }
+                slot.shown = Some(shown);
             }
         }
         self.board.publish(status);
