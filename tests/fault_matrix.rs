@@ -684,10 +684,18 @@ fn crashes_past_the_restart_budget(row: &'static str) -> Rig {
     let rig = Rig::start(row, vec![fault("f", &[]).max_concurrency(1)], |o| {
         o.restart_budget = 0;
     });
-    let crasher = rig.create("f", json!({"fault": "crash"}));
+    let crasher = rig.create("f", json!({"fault": "hang", "announce": true}));
     let patient = rig.create("f", json!({}));
     let crashed = rig.send(&crasher);
+    rig.record(&crasher, "event_emitted");
     let queued = rig.send(&patient);
+    // The worker dies with the patient queued behind the running activation (killed here, not
+    // crashing by itself, so that the patient is surely queued before the slot is quarantined).
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(rig.pid("f", 0) as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill the harness");
     rig.expect(&crashed, OutcomeKind::Failed, Some("worker_lost"), SLACK);
     // The slot is quarantined at its first failure: what waited for it fails, never started.
     rig.expect(
