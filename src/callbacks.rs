@@ -4,24 +4,34 @@
 //! to the activation it names (authority), whether it may start (after `cancel`, after a fatal
 //! error, the per-activation limit), and otherwise hands it to the executor. An executor thread
 //! runs it — journal appends that wait for durability, model and tool effects that block on
-//! providers — and reports back; an effect's last record is the exception: the executor hands it
-//! to the journal and goes on, and whichever thread makes it durable reports. The dispatcher counts the callback as answered, records a fatal
-//! error, and only then writes the answer to the harness, so that the harness can never observe an
-//! answer before the dispatcher knows the callback finished (which would make a prompt `run`
-//! answer look like `callbacks_outstanding`).
+//! providers — and reports back.
+//!
+//! Model and tool calls do not hold an executor while their records become durable. The
+//! executor hands the started record to the journal and goes back to its queue; once the record
+//! is durable the effect is queued again, to be performed by whichever executor takes it. The
+//! finished record goes the same way, and whichever thread makes it durable reports. Under load
+//! executors then run jobs instead of sleeping through other threads' flushes.
+//!
+//! The dispatcher counts the callback as answered, records a fatal error, and only then writes
+//! the answer to the harness, so that the harness can never observe an answer before the
+//! dispatcher knows the callback finished (which would make a prompt `run` answer look like
+//! `callbacks_outstanding`).
 
 use crate::cancel::CancelToken;
 use crate::dispatch::{Dispatcher, Internal};
-use crate::effects::{Effects, EnvironmentSpec, ModelCall, ToolCall};
+use crate::effects::{
+    Effects, EnvironmentDriver, EnvironmentSpec, ModelCall, ModelProvider, ToolCall,
+};
 use crate::handoff::WorkQueue;
 use crate::journal::{EffectRecord, Journal, JournalError, NewRecord};
 use crate::metrics::Metrics;
 use crate::pool::Deadline;
 use crate::protocol::harness::{
-    BrainCall, CallbackInput, EnvironmentInfo, EnvironmentSummary, EnvironmentsCallResult,
-    EnvironmentsListResult, ErrorCode, EventOrigin, EventsReadResult, KvGetResult, MAX_EVENTS_PAGE,
-    MAX_OUTSTANDING_CALLBACKS, ModelRequest, OriginKind, RESERVED_KEY_PREFIX, RecordKind,
-    SequenceResult, ToolDefinition, ToolOutcome, ToolResult, call_error, method,
+    BrainCall, CallbackInput, CallbackMethod, EnvironmentInfo, EnvironmentSummary,
+    EnvironmentsCallResult, EnvironmentsListResult, ErrorCode, EventOrigin, EventsReadResult,
+    KvGetResult, MAX_EVENTS_PAGE, MAX_OUTSTANDING_CALLBACKS, ModelRequest, OriginKind,
+    RESERVED_KEY_PREFIX, RecordKind, SequenceResult, ToolCallInput, ToolDefinition, ToolOutcome,
+    ToolResult, call_error, method,
 };
 use crate::protocol::jsonrpc::{self, Request, RequestId, RpcError};
 use crate::session::{Permission, SessionId};
@@ -31,6 +41,7 @@ use crossbeam_channel::Sender;
 use serde::Serialize;
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
@@ -63,7 +74,7 @@ pub(crate) struct CallbackDone {
 
 /// The pool of threads that run callbacks (`brain-callback-N`).
 pub(crate) struct Executor {
-    jobs: Arc<WorkQueue<(Job, CallbackInput)>>,
+    jobs: Arc<WorkQueue<Work>>,
 }
 
 impl Executor {
@@ -93,7 +104,7 @@ impl Executor {
     /// so that its input (a model request carries the whole transcript) is never copied.
     fn submit(&self, job: Job, call: CallbackInput) {
         // The queue closes only when the executor is dropped, and then nobody submits.
-        let _ = self.jobs.push((job, call));
+        let _ = self.jobs.push(Work::Call(job, call));
     }
 }
 
@@ -104,16 +115,62 @@ impl Drop for Executor {
     }
 }
 
+/// What an executor thread takes off its queue.
+enum Work {
+    /// A callback the dispatcher admitted.
+    Call(Job, CallbackInput),
+    /// An effect whose started record (the sequence) is durable: to perform now.
+    Perform(Job, Effect, u64),
+}
+
+/// An effect between its started record and its call: what the call needs.
+enum Effect {
+    Model {
+        provider: Arc<dyn ModelProvider>,
+        request: ModelRequest,
+        ordinal: u64,
+    },
+    Tool {
+        driver: Arc<dyn EnvironmentDriver>,
+        environment: EnvironmentSpec,
+        incarnation: u64,
+        input: ToolCallInput,
+    },
+}
+
+impl Effect {
+    fn method(&self) -> &'static str {
+        match self {
+            Effect::Model { .. } => CallbackMethod::Model.as_str(),
+            Effect::Tool { .. } => CallbackMethod::Tool.as_str(),
+        }
+    }
+}
+
 fn serve(
-    queue: &WorkQueue<(Job, CallbackInput)>,
+    queue: &Arc<WorkQueue<Work>>,
     journal: &dyn Journal,
     effects: &Effects,
     internal: &Sender<Internal>,
 ) {
-    while let Some((job, call)) = queue.pop() {
+    EXECUTOR_OF.set(queue_id(queue));
+    while let Some(work) = PERFORM_NEXT
+        .with_borrow_mut(Option::take)
+        .or_else(|| queue.pop())
+    {
         let mut incarnation = None;
-        let method = call.method().as_str();
-        let answer = run(&job, call, journal, effects, &mut incarnation);
+        let (job, method, answer) = match work {
+            Work::Call(job, call) => {
+                let method = call.method().as_str();
+                let answer = run(&job, call, journal, effects, &mut incarnation);
+                (job, method, answer)
+            }
+            Work::Perform(job, effect, started) => {
+                let method = effect.method();
+                let answer = perform(&job, journal, effect, started);
+                (job, method, answer)
+            }
+        };
         let session = job.session.clone();
         let reply = Reply {
             method,
@@ -122,11 +179,22 @@ fn serve(
         };
         match answer {
             Ok(Answer::Now(line)) => reply.send(Ok(line), incarnation),
+            Ok(Answer::Start { record, effect }) => {
+                let queue = queue.clone();
+                let then = move |durable: Result<u64, JournalError>| match durable {
+                    Ok(started) => {
+                        let Reply { job, .. } = reply;
+                        perform_next(&queue, Work::Perform(job, effect, started));
+                    }
+                    Err(error) => reply.send(Err(journal_failed(error)), None),
+                };
+                journal.append_effect_then(&session, record, Box::new(then));
+            }
             Ok(Answer::OnceDurable { record, line }) => journal.append_effect_then(
                 &session,
                 record,
                 Box::new(move |durable| {
-                    reply.send(durable.map(|()| line).map_err(journal_failed), None);
+                    reply.send(durable.map(|_| line).map_err(journal_failed), None);
                 }),
             ),
             Err(error) => reply.send(Err(error), incarnation),
@@ -134,10 +202,52 @@ fn serve(
     }
 }
 
+thread_local! {
+    /// On an executor thread: the queue it serves (see [`queue_id`]), 0 elsewhere.
+    static EXECUTOR_OF: Cell<usize> = const { Cell::new(0) };
+    /// On an executor thread: an effect whose started record this thread's own flush made
+    /// durable, to perform next. Queueing it instead would wake another executor for it while
+    /// this one, awake already, found the queue empty and went to sleep.
+    static PERFORM_NEXT: RefCell<Option<Work>> = const { RefCell::new(None) };
+}
+
+/// Tells one executor pool's queue from another's (several Brains may share a process).
+fn queue_id(queue: &Arc<WorkQueue<Work>>) -> usize {
+    Arc::as_ptr(queue) as usize
+}
+
+/// Keeps `work` for this thread to perform next when this thread is one of `queue`'s executors
+/// and keeps nothing yet (one at most: the rest go to the queue, to run in parallel); queues it
+/// otherwise.
+fn perform_next(queue: &Arc<WorkQueue<Work>>, work: Work) {
+    let here = EXECUTOR_OF.get() == queue_id(queue);
+    let work = PERFORM_NEXT.with_borrow_mut(|next| {
+        if here && next.is_none() {
+            *next = Some(work);
+            None
+        } else {
+            Some(work)
+        }
+    });
+    if let Some(work) = work {
+        // Refused only once the executor is dropped: Brain is stopping and nobody waits for the
+        // answer; the effect stays unperformed, as after a crash between its started record and
+        // its call.
+        let _ = queue.push(work);
+    }
+}
+
 /// A callback's answer, as [`run`] leaves it.
 enum Answer {
     /// The response line, to send now.
     Now(Vec<u8>),
+    /// An effect's started record, and the effect. The executor appends the record and goes
+    /// back to its queue; once the record is durable the effect is queued to be performed
+    /// ([`Work::Perform`]), so that no executor sleeps through another thread's flush.
+    Start {
+        record: EffectRecord,
+        effect: Effect,
+    },
     /// An effect's finished record and the response line, to send once the record is durable.
     /// The executor appends it and goes back to its queue: whoever makes the record durable
     /// sends the answer, so that under load no executor waits for another thread's flush.
@@ -288,14 +398,7 @@ fn run(
             answer(job, &json!({}))
         }
         CallbackInput::Model(request) => model(job, journal, effects, request),
-        CallbackInput::Tool(input) => tool(
-            job,
-            journal,
-            effects,
-            &input.name,
-            &input.input,
-            input.environment.as_deref(),
-        ),
+        CallbackInput::Tool(input) => tool(job, effects, input),
         CallbackInput::EnvironmentsList(_) => {
             let environments = job
                 .spec
@@ -432,6 +535,7 @@ fn environment(
 }
 
 /// A model call across the effect barrier: started (durable) → call once → finished (durable).
+/// This is the first step: the request completed from the session and the started record.
 fn model(
     job: &Job,
     journal: &dyn Journal,
@@ -476,28 +580,64 @@ fn model(
         ordinal,
         request: &request,
     };
-    let started = append_effect(
-        job,
-        journal,
-        EffectRecord::started(RecordKind::ModelCallStarted, &data),
-    )?;
-    let call = ModelCall {
-        session_id: &job.session,
-        sequence: started,
-        ordinal,
-        model: &spec.model,
-        request: &request,
-    };
-    let outcome = provider.call(&call, &job.cancel);
-    let result = match outcome {
-        Ok(result) => result,
-        Err(error) => {
-            let (data, answer) = effect_failure(started, error);
-            append(journal, job, RecordKind::ModelCallFinished, data, None)?;
-            return answer;
+    let record =
+        EffectRecord::started(RecordKind::ModelCallStarted, &data).map_err(journal_failed)?;
+    Ok(Answer::Start {
+        record,
+        effect: Effect::Model {
+            provider,
+            request,
+            ordinal,
+        },
+    })
+}
+
+/// Performs an effect whose started record, `started`, is durable, and finishes it.
+fn perform(
+    job: &Job,
+    journal: &dyn Journal,
+    effect: Effect,
+    started: u64,
+) -> Result<Answer, RpcError> {
+    match effect {
+        Effect::Model {
+            provider,
+            request,
+            ordinal,
+        } => {
+            let call = ModelCall {
+                session_id: &job.session,
+                sequence: started,
+                ordinal,
+                model: &job.spec.model,
+                request: &request,
+            };
+            match provider.call(&call, &job.cancel) {
+                Ok(result) => {
+                    finish_effect(job, RecordKind::ModelCallFinished, started, "ok", &result)
+                }
+                Err(error) => {
+                    let (data, answer) = effect_failure(started, error);
+                    append(journal, job, RecordKind::ModelCallFinished, data, None)?;
+                    answer
+                }
+            }
         }
-    };
-    finish_effect(job, RecordKind::ModelCallFinished, started, "ok", &result)
+        Effect::Tool {
+            driver,
+            environment,
+            incarnation,
+            input,
+        } => perform_tool(
+            job,
+            journal,
+            &*driver,
+            &environment,
+            incarnation,
+            input,
+            started,
+        ),
+    }
 }
 
 /// An effect's finished record, `{"outcome", "result", "started"}`, and the answer to the
@@ -545,17 +685,6 @@ fn finish_effect(
     Ok(Answer::OnceDurable { record, line })
 }
 
-/// Appends `record` (as built: its encoding may have failed) and waits until it is durable.
-fn append_effect(
-    job: &Job,
-    journal: &dyn Journal,
-    record: Result<EffectRecord, JournalError>,
-) -> Result<u64, RpcError> {
-    journal
-        .append_effect_durable(&job.session, record.map_err(journal_failed)?)
-        .map_err(journal_failed)
-}
-
 /// The finished record and the callback's error for an effect that did not succeed.
 fn effect_failure(
     started: u64,
@@ -583,15 +712,10 @@ fn effect_failure(
 
 /// A tool call across the effect barrier. Once started, the answer is a ToolResult whose outcome
 /// says how it ended; `tool_failed` only when it never started.
-fn tool(
-    job: &Job,
-    journal: &dyn Journal,
-    effects: &Effects,
-    name: &str,
-    input: &Value,
-    environment: Option<&str>,
-) -> Result<Answer, RpcError> {
+fn tool(job: &Job, effects: &Effects, input: ToolCallInput) -> Result<Answer, RpcError> {
     let spec = &job.spec;
+    let name = input.name.as_str();
+    let environment = input.environment.as_deref();
     let declared = spec
         .request
         .tools
@@ -656,22 +780,40 @@ fn tool(
         activation: job.sequence,
         environment: placement,
         incarnation,
-        input,
+        input: &input.input,
         name,
     };
-    let started = append_effect(
-        job,
-        journal,
-        EffectRecord::started(RecordKind::ToolCallStarted, &data),
-    )?;
+    let record =
+        EffectRecord::started(RecordKind::ToolCallStarted, &data).map_err(journal_failed)?;
+    Ok(Answer::Start {
+        record,
+        effect: Effect::Tool {
+            driver,
+            environment,
+            incarnation,
+            input,
+        },
+    })
+}
+
+/// Calls the tool of a started tool call, and finishes it.
+fn perform_tool(
+    job: &Job,
+    journal: &dyn Journal,
+    driver: &dyn EnvironmentDriver,
+    environment: &EnvironmentSpec,
+    incarnation: u64,
+    input: ToolCallInput,
+    started: u64,
+) -> Result<Answer, RpcError> {
     let call = ToolCall {
         session_id: &job.session,
         sequence: started,
-        environment: &environment,
+        environment,
         incarnation,
-        tool: name,
-        input,
-        working_dir: &spec.state_dir,
+        tool: &input.name,
+        input: &input.input,
+        working_dir: &job.spec.state_dir,
     };
     let result = match driver.call_tool(&call, &job.cancel) {
         Ok(result) => result,

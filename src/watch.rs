@@ -5,7 +5,7 @@
 //! held while the inner journal is called.
 
 use crate::journal::{
-    DurableCallback, EffectRecord, Journal, JournalError, NewRecord, SessionView,
+    AppendedCallback, DurableCallback, EffectRecord, Journal, JournalError, NewRecord, SessionView,
 };
 use crate::protocol::harness::Event;
 use crate::session::SessionId;
@@ -78,18 +78,12 @@ impl Journal for WatchedJournal {
         appended
     }
 
-    fn append_effect_durable(
+    fn append_effect_then(
         &self,
         session: &SessionId,
         record: EffectRecord,
-    ) -> Result<u64, JournalError> {
-        // Bumped even on failure, as append_durable is.
-        let appended = self.inner.append_effect_durable(session, record);
-        self.bump();
-        appended
-    }
-
-    fn append_effect_then(&self, session: &SessionId, record: EffectRecord, done: DurableCallback) {
+        done: AppendedCallback,
+    ) {
         // Bumped once the record is placed (readable), as append is; `done` may already have run.
         self.inner.append_effect_then(session, record, done);
         self.bump();

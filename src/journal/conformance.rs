@@ -401,20 +401,21 @@ fn effect_records_read_and_project_as_their_new_records(journal: Arc<dyn Journal
         journal.create(session, created()).unwrap();
     }
     let started = EffectRecord::started(RecordKind::ModelCallStarted, &started_data).unwrap();
-    assert_eq!(journal.append_effect_durable(&encoded, started).unwrap(), 2);
+    let (sender, receiver) = crossbeam_channel::bounded(2);
+    let durable_then = move |result| sender.send(result).unwrap();
+    journal.append_effect_then(&encoded, started, Box::new(durable_then.clone()));
+    let waited = std::time::Duration::from_secs(10);
+    assert_eq!(receiver.recv_timeout(waited).unwrap().unwrap(), 2);
     let finished = EffectRecord::finished(
         RecordKind::ModelCallFinished,
         2,
         &json!({"outcome": "ok", "result": result}),
     )
     .unwrap();
-    // The finished record goes in as a callback's last record does: done runs once it is
-    // durable, on whichever thread flushed it.
-    let (sender, receiver) = crossbeam_channel::bounded(2);
-    let durable_then = move |result| sender.send(result).unwrap();
+    // The finished record goes in as a callback's last record does: done runs with its
+    // sequence once it is durable, on whichever thread flushed it.
     journal.append_effect_then(&encoded, finished.clone(), Box::new(durable_then.clone()));
-    let waited = std::time::Duration::from_secs(10);
-    receiver.recv_timeout(waited).unwrap().unwrap();
+    assert_eq!(receiver.recv_timeout(waited).unwrap().unwrap(), 3);
     assert_eq!(journal.view(&encoded).unwrap().last_sequence, 3);
     // A refused append is reported to done rather than dropped (done is FnOnce: at most once).
     journal.append_effect_then(&id(22), finished, Box::new(durable_then));

@@ -55,7 +55,10 @@
 use super::frame::{self, Address, FrameType, SEGMENT_HEADER_LEN};
 use super::recover::{self, Tail};
 use super::segment::{self, Loc, SegmentTable};
-use super::{DurableCallback, EffectRecord, Journal, JournalError, NewRecord, SessionView, apply};
+use super::{
+    AppendedCallback, DurableCallback, EffectRecord, Journal, JournalError, NewRecord, SessionView,
+    apply,
+};
 use crate::protocol::harness::{Event, OriginKind, RecordKind};
 use crate::session::SessionId;
 use parking_lot::{Condvar, Mutex, RwLock};
@@ -752,24 +755,21 @@ impl Journal for DiskJournal {
         Ok(sequence)
     }
 
-    fn append_effect_durable(
+    fn append_effect_then(
         &self,
         session: &SessionId,
         record: EffectRecord,
-    ) -> Result<u64, JournalError> {
-        let body = frame::encode_effect_body(&record).map_err(JournalError::Failed)?;
-        let (sequence, end) = self.place_body(session, body, &record.projected())?;
-        self.shared.flush_through(end)?;
-        Ok(sequence)
-    }
-
-    fn append_effect_then(&self, session: &SessionId, record: EffectRecord, done: DurableCallback) {
+        done: AppendedCallback,
+    ) {
         let placed = frame::encode_effect_body(&record)
             .map_err(JournalError::Failed)
             .and_then(|body| self.place_body(session, body, &record.projected()));
         match placed {
-            Ok((_, end)) => self.shared.flush_then(end, done),
-            Err(error) => run_callback(done, Err(error)),
+            Ok((sequence, end)) => self.shared.flush_then(
+                end,
+                Box::new(move |durable| done(durable.map(|()| sequence))),
+            ),
+            Err(error) => done(Err(error)),
         }
     }
 

@@ -57,7 +57,7 @@ pub struct NewRecord {
 }
 
 /// An effect record (`model_call_*`, `tool_call_*`, `environment_*`) whose data is already
-/// encoded JSON: what [`Journal::append_effect_durable`] takes.
+/// encoded JSON: what [`Journal::append_effect_then`] takes.
 ///
 /// A callback's effect records carry its largest payloads (a model request, a model's answer).
 /// Encoding them straight from the callback's typed values spares building and dropping a
@@ -184,6 +184,10 @@ fn encode_object(kind: RecordKind, data: &impl Serialize) -> Result<Box<RawValue
 /// Called once when a record is durable, or with the error that prevented it. See
 /// [`Journal::on_durable`].
 pub type DurableCallback = Box<dyn FnOnce(Result<(), JournalError>) + Send>;
+
+/// Called once when an appended record is durable, with its sequence, or with the error that
+/// prevented it. See [`Journal::append_effect_then`].
+pub type AppendedCallback = Box<dyn FnOnce(Result<u64, JournalError>) + Send>;
 
 /// A session's lifecycle as its records project it.
 ///
@@ -362,33 +366,32 @@ pub trait Journal: Send + Sync + 'static {
         }
     }
 
-    /// Appends an effect record whose data is already encoded, as [`Journal::append_durable`]
-    /// does, and blocks until it is durable. The record reads back, and projects, exactly as the
-    /// same record appended as a [`NewRecord`] would. The default does just that (it parses the
-    /// data back into a `Value`); a journal that stores JSON text should store the text as it is.
-    /// A wrapper that delegates to another journal should delegate this too.
-    fn append_effect_durable(
+    /// Appends an effect record whose data is already encoded, as [`Journal::append`] does, and
+    /// calls `done` exactly once: with the record's sequence once it is durable, or with the
+    /// error that prevented it (including a refused append). The record reads back, and
+    /// projects, exactly as the same record appended as a [`NewRecord`] would.
+    ///
+    /// For the records a callback would otherwise wait for: the calling thread goes back to its
+    /// own work instead of waiting for another thread's flush. The default appends the record
+    /// as a [`NewRecord`] (it parses the data back into a `Value`) and passes `done` to
+    /// [`Journal::on_durable`]; a journal that stores JSON text should store the text as it is,
+    /// and may flush on the calling thread when nobody else is (then `done` has run before this
+    /// returns). `done` must not block for long (see [`Journal::on_durable`]). A wrapper that
+    /// delegates to another journal should delegate this too.
+    fn append_effect_then(
         &self,
         session: &SessionId,
         record: EffectRecord,
-    ) -> Result<u64, JournalError> {
-        self.append_durable(session, record.to_record())
-    }
-
-    /// Appends an effect record as [`Journal::append_effect_durable`] does, but instead of
-    /// blocking calls `done` exactly once: with `Ok` once the record is durable, or with the
-    /// error that prevented it (including a refused append).
-    ///
-    /// For the last record of a callback, whose answer only has to wait for it: the calling
-    /// thread goes back to its own work instead of waiting for another thread's flush. The
-    /// default appends and passes `done` to [`Journal::on_durable`]; a journal may instead flush
-    /// on the calling thread when nobody else is (then `done` has run before this returns), as
-    /// its `append_effect_durable` does. `done` must not block for long (see
-    /// [`Journal::on_durable`]). A wrapper that delegates to another journal should delegate this
-    /// too.
-    fn append_effect_then(&self, session: &SessionId, record: EffectRecord, done: DurableCallback) {
+        done: AppendedCallback,
+    ) {
         match self.append(session, record.to_record()) {
-            Ok(sequence) => self.on_durable(session, sequence, done),
+            Ok(sequence) => {
+                self.on_durable(
+                    session,
+                    sequence,
+                    Box::new(move |durable| done(durable.map(|()| sequence))),
+                );
+            }
             Err(error) => done(Err(error)),
         }
     }
