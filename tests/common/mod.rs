@@ -88,6 +88,21 @@ pub fn not_running(pid: u32) -> bool {
     matches!(proc_state(pid), None | Some('Z') | Some('X'))
 }
 
+/// Waits until `pid` is no longer running, for at most `limit`; returns whether it stopped. A
+/// process killed with SIGKILL dies when it next runs, so on a busy machine it may outlive the
+/// call that killed it by a moment.
+pub fn stops_within(pid: u32, limit: Duration) -> bool {
+    let deadline = std::time::Instant::now() + limit;
+    while !not_running(pid) {
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        // Nothing to wait on for a process that is not our child: look again shortly.
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    true
+}
+
 /// Every pid in /proc now.
 pub fn all_pids() -> Vec<u32> {
     std::fs::read_dir("/proc")
