@@ -153,7 +153,6 @@ fn serve(
     effects: &Effects,
     internal: &Sender<Internal>,
 ) {
-    EXECUTOR_OF.set(queue_id(queue));
     while let Some(work) = PERFORM_NEXT
         .with_borrow_mut(Option::take)
         .or_else(|| queue.pop())
@@ -172,6 +171,9 @@ fn serve(
             }
         };
         let session = job.session.clone();
+        // From here to the end of the iteration this thread only hands the job's last record to
+        // the journal: an effect its flush makes durable meanwhile is what it does next.
+        let _between_jobs = BetweenJobs::enter(queue);
         let reply = Reply {
             method,
             job,
@@ -203,8 +205,10 @@ fn serve(
 }
 
 thread_local! {
-    /// On an executor thread: the queue it serves (see [`queue_id`]), 0 elsewhere.
-    static EXECUTOR_OF: Cell<usize> = const { Cell::new(0) };
+    /// On an executor thread that has finished a job's work and is handing its record to the
+    /// journal: the queue it serves (see [`queue_id`]); 0 elsewhere, and during a job, which may
+    /// flush on this thread and then block on a provider or a driver for long.
+    static BETWEEN_JOBS_OF: Cell<usize> = const { Cell::new(0) };
     /// On an executor thread: an effect whose started record this thread's own flush made
     /// durable, to perform next. Queueing it instead would wake another executor for it while
     /// this one, awake already, found the queue empty and went to sleep.
@@ -216,11 +220,27 @@ fn queue_id(queue: &Arc<WorkQueue<Work>>) -> usize {
     Arc::as_ptr(queue) as usize
 }
 
-/// Keeps `work` for this thread to perform next when this thread is one of `queue`'s executors
-/// and keeps nothing yet (one at most: the rest go to the queue, to run in parallel); queues it
-/// otherwise.
+/// Marks this executor thread as between jobs (see `BETWEEN_JOBS_OF`) until dropped.
+struct BetweenJobs;
+
+impl BetweenJobs {
+    fn enter(queue: &Arc<WorkQueue<Work>>) -> BetweenJobs {
+        BETWEEN_JOBS_OF.set(queue_id(queue));
+        BetweenJobs
+    }
+}
+
+impl Drop for BetweenJobs {
+    fn drop(&mut self) {
+        BETWEEN_JOBS_OF.set(0);
+    }
+}
+
+/// Keeps `work` for this thread to perform next when this thread is one of `queue`'s executors,
+/// between jobs, and keeps nothing yet (one at most: the rest go to the queue, to run in
+/// parallel); queues it otherwise.
 fn perform_next(queue: &Arc<WorkQueue<Work>>, work: Work) {
-    let here = EXECUTOR_OF.get() == queue_id(queue);
+    let here = BETWEEN_JOBS_OF.get() == queue_id(queue);
     let work = PERFORM_NEXT.with_borrow_mut(|next| {
         if here && next.is_none() {
             *next = Some(work);
@@ -604,25 +624,7 @@ fn perform(
             provider,
             request,
             ordinal,
-        } => {
-            let call = ModelCall {
-                session_id: &job.session,
-                sequence: started,
-                ordinal,
-                model: &job.spec.model,
-                request: &request,
-            };
-            match provider.call(&call, &job.cancel) {
-                Ok(result) => {
-                    finish_effect(job, RecordKind::ModelCallFinished, started, "ok", &result)
-                }
-                Err(error) => {
-                    let (data, answer) = effect_failure(started, error);
-                    append(journal, job, RecordKind::ModelCallFinished, data, None)?;
-                    answer
-                }
-            }
-        }
+        } => perform_model(job, journal, &*provider, &request, ordinal, started),
         Effect::Tool {
             driver,
             environment,
@@ -637,6 +639,32 @@ fn perform(
             input,
             started,
         ),
+    }
+}
+
+/// Calls the provider of a started model call, and finishes it.
+fn perform_model(
+    job: &Job,
+    journal: &dyn Journal,
+    provider: &dyn ModelProvider,
+    request: &ModelRequest,
+    ordinal: u64,
+    started: u64,
+) -> Result<Answer, RpcError> {
+    let call = ModelCall {
+        session_id: &job.session,
+        sequence: started,
+        ordinal,
+        model: &job.spec.model,
+        request,
+    };
+    match provider.call(&call, &job.cancel) {
+        Ok(result) => finish_effect(job, RecordKind::ModelCallFinished, started, "ok", &result),
+        Err(error) => {
+            let (data, answer) = effect_failure(started, error);
+            append(journal, job, RecordKind::ModelCallFinished, data, None)?;
+            answer
+        }
     }
 }
 
