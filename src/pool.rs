@@ -151,14 +151,16 @@ struct Slot {
     init_latency: Option<Duration>,
     /// Whether the slot's first spawn has come to an answer or a failure (startup waits for it).
     settled: bool,
-    /// What was last published of the slot (and its state, for change notices).
-    shown: Option<Shown>,
+    /// What was last published of the slot, and its last failure (its state also serves the
+    /// change notices).
+    shown: Option<(Shown, Option<WorkerFailure>)>,
 }
 
-/// The parts of a slot's status as last published. Publishing rebuilds the whole status, with a
-/// copy of each worker's `initialize` answer; most worker events, every callback among them,
-/// change none of these parts, and then there is nothing to publish.
-#[derive(Debug)]
+/// The parts of a slot's status that a worker event may change, as last published with its last
+/// failure. Publishing rebuilds the whole status, with a copy of each worker's `initialize`
+/// answer; most worker events, every callback among them, change none of these parts, and then
+/// there is nothing to publish.
+#[derive(Debug, Clone, Copy, PartialEq)]
 struct Shown {
     state: WorkerState,
     generation: u64,
@@ -166,7 +168,6 @@ struct Shown {
     restarts: u64,
     initialized: bool,
     violations: u64,
-    last_failure: Option<WorkerFailure>,
 }
 
 impl Slot {
@@ -178,29 +179,24 @@ impl Slot {
         self.live.as_ref().map_or(0, |l| l.violations.total())
     }
 
-    fn shown_now(&self) -> Shown {
-        Shown {
+    /// What the slot would publish now (its last failure by reference).
+    fn showing(&self) -> (Shown, Option<&WorkerFailure>) {
+        let shown = Shown {
             state: self.state,
             generation: self.generation,
             pid: self.pid(),
             restarts: self.restarts,
             initialized: self.initialized.is_some(),
             violations: self.violations(),
-            last_failure: self.last_failure.clone(),
-        }
+        };
+        (shown, self.last_failure.as_ref())
     }
 
     /// Whether the slot's status is still what was last published.
     fn shows_as_published(&self) -> bool {
-        self.shown.as_ref().is_some_and(|shown| {
-            shown.state == self.state
-                && shown.generation == self.generation
-                && shown.pid == self.pid()
-                && shown.restarts == self.restarts
-                && shown.initialized == self.initialized.is_some()
-                && shown.violations == self.violations()
-                && shown.last_failure.as_ref() == self.last_failure.as_ref()
-        })
+        self.shown
+            .as_ref()
+            .is_some_and(|(shown, failure)| (*shown, failure.as_ref()) == self.showing())
     }
 }
 
@@ -404,15 +400,16 @@ impl Pool {
         self.shown_shutting_down = Some(self.shutting_down);
         for (r, registration) in self.registrations.iter_mut().enumerate() {
             for slot in &mut registration.slots {
-                let shown = slot.shown_now();
-                if slot.shown.as_ref().map(|s| s.state) != Some(shown.state) {
+                let (shown, failure) = slot.showing();
+                let failure = failure.cloned();
+                if slot.shown.as_ref().map(|(s, _)| s.state) != Some(shown.state) {
                     self.happenings.push(Happening::SlotState {
                         registration: r,
                         slot: slot.index,
                         state: shown.state,
                     });
                 }
-                slot.shown = Some(shown);
+                slot.shown = Some((shown, failure));
             }
         }
         self.board.publish(status);
