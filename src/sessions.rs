@@ -61,8 +61,15 @@ pub(crate) enum DurableToken {
         session: SessionId,
         reply: Reply<SessionInfo>,
     },
-    /// `activation_queued`: answer the sender with the activation handle.
-    Queued { session: SessionId, sequence: u64 },
+    /// `activation_queued`: answer the sender with the activation handle, whatever became of
+    /// the activation meanwhile (it may have run and ended: `activation_started`, later in the
+    /// log, can be reported durable first when two threads' flushes report at once).
+    Queued {
+        session: SessionId,
+        sequence: u64,
+        cell: Arc<OutcomeCell>,
+        reply: Reply<Activation>,
+    },
     /// `activation_started`: send `run`.
     Started { session: SessionId, sequence: u64 },
     /// `activation_finished`: deliver the outcome.
@@ -233,7 +240,6 @@ pub(crate) struct Active {
     /// Cancelled when the activation is cancelled or its worker lost: effects in flight stop.
     pub(crate) effects_cancel: CancelToken,
     pub(crate) cell: Arc<OutcomeCell>,
-    pub(crate) admit_reply: Option<Reply<Activation>>,
     /// The last pending event given to the harness, for the events cursor.
     pub(crate) events_through: Option<u64>,
     /// When it was admitted, for the latency metrics.
@@ -584,14 +590,17 @@ impl Dispatcher {
         reply: Reply<Activation>,
     ) {
         match self.admit_activation(id, input, deadline) {
-            Ok(sequence) => {
-                if let Some(active) = self.active_mut(id, sequence) {
-                    active.admit_reply = Some(reply);
-                }
-            }
-            Err(error) => {
-                reply.deliver(Err(error));
-            }
+            Ok((sequence, cell)) => self.when_durable(
+                id,
+                sequence,
+                DurableToken::Queued {
+                    session: id.clone(),
+                    sequence,
+                    cell,
+                    reply,
+                },
+            ),
+            Err(error) => reply.deliver(Err(error)),
         }
     }
 
@@ -600,7 +609,7 @@ impl Dispatcher {
         id: &SessionId,
         input: Option<UserInput>,
         deadline: Option<Duration>,
-    ) -> Result<u64, ApiError> {
+    ) -> Result<(u64, Arc<OutcomeCell>), ApiError> {
         if self.stopping.is_some() {
             return Err(ApiError::shutting_down());
         }
@@ -700,6 +709,7 @@ impl Dispatcher {
         if session.lifecycle == Lifecycle::Passivated {
             session.lifecycle = Lifecycle::Open;
         }
+        let cell = Arc::new(OutcomeCell::default());
         session.active = Some(Active {
             sequence,
             input,
@@ -712,20 +722,11 @@ impl Dispatcher {
             started: false,
             holds_capacity: false,
             effects_cancel: CancelToken::new(),
-            cell: Arc::new(OutcomeCell::default()),
-            admit_reply: None,
+            cell: cell.clone(),
             events_through: None,
             admitted_at: Instant::now(),
             session_id: id.clone(),
         });
-        self.when_durable(
-            id,
-            sequence,
-            DurableToken::Queued {
-                session: id.clone(),
-                sequence,
-            },
-        );
         if let Some(deadline) = deadline {
             self.timer.at(
                 Instant::now() + deadline,
@@ -735,7 +736,7 @@ impl Dispatcher {
                 },
             );
         }
-        Ok(sequence)
+        Ok((sequence, cell))
     }
 
     // ----- durability -----
@@ -765,24 +766,17 @@ impl Dispatcher {
             DurableToken::ClientEvent { sequence, reply } => {
                 reply.deliver(result.map_err(journal_error).map(|()| sequence));
             }
-            DurableToken::Queued { session, sequence } => {
-                let commands = self.commands.clone();
-                let Some(active) = self
-                    .sessions
-                    .get_mut(&session)
-                    .and_then(|s| s.active.as_mut())
-                    .filter(|a| a.sequence == sequence)
-                else {
-                    return;
-                };
-                let Some(reply) = active.admit_reply.take() else {
-                    return;
-                };
+            DurableToken::Queued {
+                session,
+                sequence,
+                cell,
+                reply,
+            } => {
                 let answer = result.map_err(journal_error).map(|()| Activation {
-                    session_id: session.clone(),
+                    session_id: session,
                     sequence,
-                    cell: active.cell.clone(),
-                    commands,
+                    cell,
+                    commands: self.commands.clone(),
                 });
                 reply.deliver(answer);
             }
