@@ -12,10 +12,13 @@
 //! finished record goes the same way, and whichever thread makes it durable reports. Under load
 //! executors then run jobs instead of sleeping through other threads' flushes.
 //!
-//! The dispatcher counts the callback as answered, records a fatal error, and only then writes
-//! the answer to the harness, so that the harness can never observe an answer before the
-//! dispatcher knows the callback finished (which would make a prompt `run` answer look like
-//! `callbacks_outstanding`).
+//! The thread that finishes a callback reports it to the dispatcher and then writes the answer
+//! to the harness itself, so that the answer does not wait for the dispatcher to wake up. The
+//! report is sent before the answer is written, and the dispatcher takes every report waiting
+//! for it before it handles anything a worker said: so whatever the harness does after it reads
+//! the answer (answers `run`, reuses the request id, makes another callback after a fatal error)
+//! reaches a dispatcher that already counted the callback as answered and recorded its fatal
+//! error (a prompt `run` answer never looks like `callbacks_outstanding`).
 
 use crate::cancel::CancelToken;
 use crate::dispatch::{Dispatcher, Internal};
@@ -25,7 +28,7 @@ use crate::effects::{
 use crate::handoff::WorkQueue;
 use crate::journal::{EffectRecord, Journal, JournalError, NewRecord};
 use crate::metrics::Metrics;
-use crate::pool::Deadline;
+use crate::pool::{Deadline, SlotQueue};
 use crate::protocol::harness::{
     BrainCall, CallbackInput, CallbackMethod, EnvironmentInfo, EnvironmentSummary,
     EnvironmentsCallResult, EnvironmentsListResult, ErrorCode, EventOrigin, EventsReadResult,
@@ -57,16 +60,18 @@ pub(crate) struct Job {
     incarnations: HashMap<String, u64>,
     cancel: CancelToken,
     metrics: Arc<Metrics>,
+    /// The worker slot's outgoing lines: the answer is written there, for `key`'s incarnation.
+    answers: SlotQueue,
 }
 
-/// A finished callback, reported to the dispatcher.
+/// A finished callback, reported to the dispatcher just before its answer is written.
 pub(crate) struct CallbackDone {
     session: SessionId,
     sequence: u64,
     key: WorkerKey,
     id: RequestId,
-    /// The encoded response line of a successful callback, or its error.
-    answer: Result<Vec<u8>, RpcError>,
+    /// Whether the callback succeeded; its error, for the metrics and a fatal error's bookkeeping.
+    outcome: Result<(), RpcError>,
     /// A successful `environments.setup`: the environment's new incarnation.
     incarnation: Option<(String, u64)>,
     method: &'static str,
@@ -274,7 +279,8 @@ enum Answer {
     OnceDurable { record: EffectRecord, line: Vec<u8> },
 }
 
-/// Where the answer to one callback goes: to the dispatcher, as a [`CallbackDone`].
+/// Where the answer to one callback goes: reported to the dispatcher as a [`CallbackDone`],
+/// then written to the worker.
 struct Reply {
     method: &'static str,
     job: Job,
@@ -282,18 +288,36 @@ struct Reply {
 }
 
 impl Reply {
+    /// Reports the callback finished and then writes its answer, on this thread: the report
+    /// first, so that the dispatcher has it before anything the harness does after reading the
+    /// answer (see the module's documentation).
     fn send(self, answer: Result<Vec<u8>, RpcError>, incarnation: Option<(String, u64)>) {
+        let Job {
+            session,
+            sequence,
+            key,
+            id,
+            answers,
+            ..
+        } = self.job;
+        let (line, outcome) = match answer {
+            Ok(line) => (line, Ok(())),
+            Err(error) => (jsonrpc::encode_error(&id, &error), Err(error)),
+        };
         let done = CallbackDone {
             method: self.method,
-            session: self.job.session,
-            sequence: self.job.sequence,
-            key: self.job.key,
-            id: self.job.id,
-            answer,
+            session,
+            sequence,
+            key,
+            id,
+            outcome,
             incarnation,
         };
         // Fails only once the dispatcher has stopped, and then nobody waits for the answer.
-        let _ = self.internal.send(Internal::CallbackDone(done));
+        if self.internal.send(Internal::CallbackDone(done)).is_ok() {
+            // Dropped when that incarnation of the worker is gone.
+            answers.send_line(key.generation, line);
+        }
     }
 }
 
@@ -999,6 +1023,7 @@ impl Dispatcher {
             return Ok(());
         }
         let cancel = active.effects_cancel.clone();
+        let answers = self.queues[key.registration][key.slot as usize].clone();
         if let Some(active) = self.active_mut(&session, params.sequence) {
             active.outstanding += 1;
         }
@@ -1012,6 +1037,7 @@ impl Dispatcher {
                 incarnations,
                 cancel,
                 metrics: self.metrics.clone(),
+                answers,
             },
             call,
         );
@@ -1047,11 +1073,11 @@ impl Dispatcher {
             sequence,
             key,
             id,
-            answer,
+            outcome,
             incarnation,
             method,
         } = done;
-        let code = match &answer {
+        let code = match &outcome {
             Ok(_) => "ok",
             Err(error) => error_code(error).map_or("error", ErrorCode::as_str),
         };
@@ -1063,23 +1089,20 @@ impl Dispatcher {
         if let Some(active) = self.active_mut(&session, sequence) {
             active.outstanding = active.outstanding.saturating_sub(1);
         }
-        let line = match answer {
-            Ok(line) => line,
-            Err(error) => {
-                let fatal = error
-                    .data
-                    .as_ref()
-                    .and_then(|d| d.get("code"))
-                    .and_then(Value::as_str)
-                    .and_then(|c| c.parse::<ErrorCode>().ok())
-                    .filter(|c| c.is_fatal());
-                if let Some(code) = fatal {
-                    self.record_fatal(&session, sequence, code, &error.message);
-                }
-                jsonrpc::encode_error(&id, &error)
+        if let Err(error) = outcome {
+            let fatal = error
+                .data
+                .as_ref()
+                .and_then(|d| d.get("code"))
+                .and_then(Value::as_str)
+                .and_then(|c| c.parse::<ErrorCode>().ok())
+                .filter(|c| c.is_fatal());
+            if let Some(code) = fatal {
+                self.record_fatal(&session, sequence, code, &error.message);
             }
-        };
-        self.pool.answer(key, &id, line);
+        }
+        // The executor writes the answer once this report is sent.
+        self.pool.answered(key, &id);
         self.try_finish(&session, sequence);
     }
 }

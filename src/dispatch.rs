@@ -199,7 +199,10 @@ impl Dispatcher {
                     }
                 },
                 recv(events) -> event => match event {
-                    Ok((key, event)) => self.pool.on_worker_event(key, event),
+                    Ok((key, event)) => {
+                        self.take_reports(&internal);
+                        self.pool.on_worker_event(key, event);
+                    }
                     Err(_) => break,
                 },
             }
@@ -209,6 +212,17 @@ impl Dispatcher {
             queue.stop();
         }
         drop(shutdown_waiters);
+    }
+
+    /// Handles every report already sent on `internal`. Called before a worker's message: an
+    /// executor reports a callback finished and only then writes its answer, so whatever the
+    /// harness says after reading that answer must find the callback counted as answered (the
+    /// `select` above may see the worker's message first, as it looks at each channel in turn).
+    fn take_reports(&mut self, internal: &Receiver<Internal>) {
+        while let Ok(report) = internal.try_recv() {
+            self.on_internal(report);
+            self.settle();
+        }
     }
 
     /// Handles what the pool reported, until it reports nothing more.

@@ -726,10 +726,16 @@ impl Pool {
     /// Answers a harness request delivered as [`Happening::Request`]: its id is no longer
     /// outstanding, and the answer line is queued to the worker (if that incarnation still runs).
     pub(crate) fn answer(&mut self, key: WorkerKey, id: &RequestId, line: Vec<u8>) {
+        self.answered(key, id);
+        self.send_line(key, line);
+    }
+
+    /// A harness request that somebody else answers (a callback's executor writes its answer to
+    /// the slot's queue itself): its id is no longer outstanding, so the harness may use it again.
+    pub(crate) fn answered(&mut self, key: WorkerKey, id: &RequestId) {
         if let Some(live) = self.slot_mut(key).and_then(|slot| slot.live.as_mut()) {
             live.incoming.remove(id);
         }
-        self.send_line(key, line);
     }
 
     /// Registers a session request as pending on the worker and returns its encoded line
