@@ -913,6 +913,62 @@ fn a_typed_call_encodes_its_input_and_types_the_answer() {
     threads.join().unwrap();
 }
 
+/// Brain's requests reach `requests()` with their params as the JSON text Brain sent, typed by
+/// whoever handles them; a request the typed read refuses (a member given twice) still arrives.
+#[test]
+fn requests_arrive_with_their_params_as_text() {
+    let (harness_reads, mut to_harness) = std::io::pipe().unwrap();
+    let (from_harness, harness_writes) = std::io::pipe().unwrap();
+    let (connection, threads) = Connection::new(harness_reads, harness_writes, 1024).unwrap();
+    let out = Lines::spawn(from_harness, None);
+
+    to_harness
+        .write_all(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"run\",\"params\":{\"session_id\":\"s\",  \"sequence\":2}}\n")
+        .unwrap();
+    to_harness
+        .write_all(b"{\"jsonrpc\":\"2.0\",\"id\":\"x\",\"method\":\"close\",\"method\":\"cancel\",\"params\":[1]}\n")
+        .unwrap();
+    to_harness
+        .write_all(b"{\"jsonrpc\":\"2.0\",\"id\":3,\"method\":\"shutdown\"}\n")
+        .unwrap();
+
+    let run = connection.requests().recv_timeout(DEADLINE).unwrap();
+    assert_eq!(
+        (run.id.clone(), run.method.as_str()),
+        (RequestId::Int(1), "run")
+    );
+    assert_eq!(run.params.get(), r#"{"session_id":"s",  "sequence":2}"#);
+    #[derive(serde::Deserialize, Debug, PartialEq)]
+    struct Names {
+        session_id: String,
+        sequence: u64,
+    }
+    assert_eq!(
+        run.params_as::<Names>().unwrap(),
+        Names {
+            session_id: "s".into(),
+            sequence: 2
+        }
+    );
+    assert!(run.params_as::<Vec<u64>>().is_err());
+
+    // The last `method` wins, as JSON text read into a tree has it.
+    let twice = connection.requests().recv_timeout(DEADLINE).unwrap();
+    assert_eq!(twice.id, RequestId::Str("x".into()));
+    assert_eq!(twice.method, "cancel");
+    assert_eq!(twice.params_value().unwrap(), json!([1]));
+
+    let bare = connection.requests().recv_timeout(DEADLINE).unwrap();
+    assert_eq!(bare.method, "shutdown");
+    assert_eq!(bare.params.get(), "null");
+
+    drop(to_harness);
+    connection.close();
+    drop(connection);
+    assert!(out.until_eof().is_empty());
+    threads.join().unwrap();
+}
+
 #[test]
 fn the_low_level_connection_skips_bad_lines_and_fails_calls_after_close() {
     let (harness_reads, mut to_harness) = std::io::pipe().unwrap();

@@ -83,7 +83,8 @@ impl Handler for Reference {
     }
 
     fn run(&self, activation: &Activation) -> Result<Option<Value>, HandlerError> {
-        let params: RunParams = serde_json::from_value(activation.params().clone())
+        let params: RunParams = activation
+            .params_as()
             .map_err(|error| HandlerError::new("invalid_input", format!("run params: {error}")))?;
         if params.state_dir.is_empty() {
             let message = "run params: state_dir is empty";

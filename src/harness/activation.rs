@@ -7,15 +7,22 @@ use crate::protocol::jsonrpc::RequestId;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
+use serde_json::value::RawValue;
+use std::sync::OnceLock;
 
 /// One activation (one `run` request) being executed by a [`Handler`](super::Handler).
 ///
 /// It names the activation (`session_id`, `sequence`), carries the `run` params exactly as Brain
 /// sent them, makes callbacks to Brain on the activation's behalf, and holds its [`CancelToken`].
+///
+/// The params are kept as the JSON text Brain sent: [`params_as`](Self::params_as) types them
+/// straight from it (the cheap way to read a transcript), and [`params`](Self::params) builds a
+/// `Value` tree the first time it is asked for.
 pub struct Activation {
     session_id: String,
     sequence: u64,
-    params: Value,
+    params: Box<RawValue>,
+    tree: OnceLock<Value>,
     cancel: CancelToken,
     connection: Connection,
     request_id: RequestId,
@@ -25,7 +32,7 @@ impl Activation {
     pub(crate) fn new(
         session_id: String,
         sequence: u64,
-        params: Value,
+        params: Box<RawValue>,
         cancel: CancelToken,
         connection: Connection,
         request_id: RequestId,
@@ -34,6 +41,7 @@ impl Activation {
             session_id,
             sequence,
             params,
+            tree: OnceLock::new(),
             cancel,
             connection,
             request_id,
@@ -57,15 +65,27 @@ impl Activation {
     }
 
     /// The `run` params as Brain sent them (PROTOCOL.md §6): `session_id`, `sequence`,
-    /// `state_dir`, `model`, `input`, …
+    /// `state_dir`, `model`, `input`, … The tree is built on the first call and kept; prefer
+    /// [`params_as`](Self::params_as) to read the transcript. `Value::Null` when the params nest
+    /// deeper than serde_json's recursion limit (128 levels).
     pub fn params(&self) -> &Value {
-        &self.params
+        self.tree
+            .get_or_init(|| serde_json::from_str(self.params.get()).unwrap_or(Value::Null))
+    }
+
+    /// The `run` params typed as `T` (usually [`RunParams`](crate::protocol::harness::RunParams))
+    /// straight from the JSON text Brain sent: no `Value` tree is built.
+    ///
+    /// # Errors
+    /// When the params are not a `T`.
+    pub fn params_as<T: DeserializeOwned>(&self) -> serde_json::Result<T> {
+        serde_json::from_str(self.params.get())
     }
 
     /// The params' `input` member (`input.input`, `transcript`, `kv`, `events`, `tools`, …), if
     /// present.
     pub fn input(&self) -> Option<&Value> {
-        self.params.get("input")
+        self.params().get("input")
     }
 
     /// The activation's cancellation signal. Cancelled when Brain sends `cancel` for it, when a

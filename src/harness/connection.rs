@@ -3,8 +3,9 @@
 use super::error::{CallError, SendError};
 use super::io::{self, IoThreads, Output};
 use super::pending::Pending;
+use super::request::BrainRequest;
 use crate::protocol::harness::method;
-use crate::protocol::jsonrpc::{self, Request, RequestId, RpcError};
+use crate::protocol::jsonrpc::{self, RequestId, RpcError};
 use crossbeam_channel::Receiver;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -39,7 +40,7 @@ const OUTGOING_QUEUE: usize = 1024;
 #[derive(Clone)]
 pub struct Connection {
     output: Arc<Output>,
-    requests: Receiver<Request>,
+    requests: Receiver<BrainRequest>,
     pending: Arc<Pending>,
     next_call: Arc<AtomicU64>,
     outgoing_limit: Arc<AtomicU64>,
@@ -98,7 +99,7 @@ impl Connection {
     /// delivered to exactly one receiver. The queue is unbounded (Brain bounds what it sends by
     /// `max_concurrency`), so the reader never blocks on a slow consumer. It disconnects after the
     /// input has ended and every queued request has been taken.
-    pub fn requests(&self) -> &Receiver<Request> {
+    pub fn requests(&self) -> &Receiver<BrainRequest> {
         &self.requests
     }
 

@@ -10,8 +10,9 @@
 //! stdin). Lines still go out in the order they were given.
 
 use super::pending::Pending;
+use super::request::BrainRequest;
 use crate::protocol::framing::{Frame, LineReader};
-use crate::protocol::jsonrpc::{self, Message, Request, RpcError};
+use crate::protocol::jsonrpc::{self, Message, RpcError};
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::Mutex;
 use std::io::{self, Read, Write};
@@ -154,7 +155,7 @@ pub(crate) fn start<R, W>(
     writer: W,
     max_line_bytes: usize,
     queue_limit: usize,
-    requests: Sender<Request>,
+    requests: Sender<BrainRequest>,
     pending: Arc<Pending>,
 ) -> io::Result<(Arc<Output>, IoThreads)>
 where
@@ -184,7 +185,7 @@ where
 fn read_loop<R: Read>(
     reader: R,
     max_line_bytes: usize,
-    requests: Sender<Request>,
+    requests: Sender<BrainRequest>,
     pending: &Pending,
 ) -> io::Result<()> {
     let mut lines = LineReader::new(reader, max_line_bytes);
@@ -208,20 +209,42 @@ fn read_loop<R: Read>(
     result
 }
 
-fn dispatch(line: &[u8], requests: &Sender<Request>, pending: &Pending) {
-    // The common case, an answer to a brain/call, stays JSON text for its caller to type.
+fn dispatch(line: &[u8], requests: &Sender<BrainRequest>, pending: &Pending) {
+    // The common cases, an answer to a brain/call and a request, stay JSON text for whoever
+    // types them.
     if let Some((id, result)) = jsonrpc::decode_result(line) {
         if !pending.complete(&id, Ok(result)) {
             log::warn!("ignoring a response to id {id} that has no pending call");
         }
         return;
     }
+    let request = match jsonrpc::decode_raw_request(line) {
+        Some((id, method, params)) => BrainRequest { id, method, params },
+        None => match decode_rest(line, pending) {
+            Some(request) => request,
+            None => return,
+        },
+    };
+    if requests.send(request).is_err() {
+        log::debug!("a request from Brain arrived after the connection was dropped");
+    }
+}
+
+/// A line neither typed read took: an error response is handed to its caller, anything else
+/// but a request is logged and skipped. A request gets here only when the typed read refused
+/// it (a member given twice, say); its params are re-encoded from the tree `decode` built.
+fn decode_rest(line: &[u8], pending: &Pending) -> Option<BrainRequest> {
     match jsonrpc::decode(line) {
-        Ok(Message::Request(request)) => {
-            if requests.send(request).is_err() {
-                log::debug!("a request from Brain arrived after the connection was dropped");
+        Ok(Message::Request(request)) => match serde_json::value::to_raw_value(&request.params) {
+            Ok(params) => {
+                return Some(BrainRequest {
+                    id: request.id,
+                    method: request.method,
+                    params,
+                });
             }
-        }
+            Err(error) => log::warn!("ignoring a request from Brain ({error}): {}", preview(line)),
+        },
         Ok(Message::Response(response)) => {
             let outcome = response.outcome.and_then(|result| {
                 serde_json::value::to_raw_value(&result).map_err(|error| RpcError {
@@ -248,6 +271,7 @@ fn dispatch(line: &[u8], requests: &Sender<Request>, pending: &Pending) {
             preview(line)
         ),
     }
+    None
 }
 
 fn write_loop(output: &Output, outgoing: Receiver<Outgoing>, pending: &Pending) {

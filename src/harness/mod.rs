@@ -16,7 +16,9 @@
 //! [`Connection::call_typed`]) encode the input from any `Serialize` value — a struct that borrows
 //! the transcript, say — and type the answer straight from its JSON text
 //! (`ModelCallResult`, `SequenceResult`, …): no `Value` tree is built on either side, which is
-//! most of what a callback costs a harness.
+//! most of what a callback costs a harness. Brain's requests likewise keep their params as JSON
+//! text ([`BrainRequest`]), and [`Activation::params_as`] types a `run`'s params — the whole
+//! transcript — straight from it.
 //!
 //! Diagnostics go through the `log` crate; a harness binary should log to stderr (stdout is the
 //! protocol).
@@ -66,6 +68,7 @@ mod connection;
 mod error;
 mod io;
 mod pending;
+mod request;
 mod runners;
 mod serve;
 
@@ -74,4 +77,5 @@ pub use activation::Activation;
 pub use connection::{Connection, DEFAULT_MAX_LINE_BYTES};
 pub use error::{CallError, HandlerError, SendError};
 pub use io::IoThreads;
+pub use request::BrainRequest;
 pub use serve::{Handler, serve, serve_connection};

@@ -3,6 +3,7 @@
 use super::activation::Activation;
 use super::connection::Connection;
 use super::error::{HandlerError, SendError};
+use super::request::BrainRequest;
 use super::runners::Runners;
 use crate::cancel::CancelToken;
 use crate::protocol::harness::{InitializeParams, InitializeResult, method};
@@ -109,10 +110,9 @@ pub fn serve_connection<H: Handler + ?Sized>(connection: &Connection, handler: &
     let runners = Arc::new(Runners::new());
     std::thread::scope(|scope| {
         for request in connection.requests().iter() {
-            let id = request.id;
-            let params = request.params;
+            let id = &request.id;
             match request.method.as_str() {
-                method::INITIALIZE => initialize(connection, handler, &id, params),
+                method::INITIALIZE => initialize(connection, handler, &request),
                 method::RUN => {
                     let context = RunContext {
                         connection,
@@ -120,19 +120,27 @@ pub fn serve_connection<H: Handler + ?Sized>(connection: &Connection, handler: &
                         running: &running,
                         runners: &runners,
                     };
-                    start_run(scope, &context, id, params);
+                    start_run(scope, &context, request);
                 }
-                method::CANCEL => cancel(connection, &running, &id, &params),
-                method::CLOSE => close(connection, handler, &id, &params),
+                // Small params: a tree is the plainest way to read them. (One nested too deep
+                // to build is read as no params, and refused as such.)
+                method::CANCEL => {
+                    let params = request.params_value().unwrap_or(Value::Null);
+                    cancel(connection, &running, id, &params);
+                }
+                method::CLOSE => {
+                    let params = request.params_value().unwrap_or(Value::Null);
+                    close(connection, handler, id, &params);
+                }
                 method::SHUTDOWN => {
                     handler.shutdown();
-                    answer(connection, &id, &json!({}));
+                    answer(connection, id, &json!({}));
                 }
                 other => {
                     log::warn!("Brain called an unknown method: {other}");
                     let message = format!("unknown method: {other}");
                     let error = rpc_error(METHOD_NOT_FOUND, "unknown_method", message);
-                    answer_error(connection, &id, &error);
+                    answer_error(connection, id, &error);
                 }
             }
         }
@@ -188,13 +196,9 @@ impl Running {
     }
 }
 
-fn initialize<H: Handler + ?Sized>(
-    connection: &Connection,
-    handler: &H,
-    id: &RequestId,
-    params: Value,
-) {
-    let params: InitializeParams = match serde_json::from_value(params) {
+fn initialize<H: Handler + ?Sized>(connection: &Connection, handler: &H, request: &BrainRequest) {
+    let id = &request.id;
+    let params: InitializeParams = match request.params_as() {
         Ok(params) => params,
         Err(error) => return invalid_input(connection, id, format!("initialize: {error}")),
     };
@@ -222,8 +226,7 @@ struct RunContext<'a, 'env, H: ?Sized> {
 fn start_run<'scope, 'env, H: Handler + ?Sized>(
     scope: &'scope Scope<'scope, 'env>,
     context: &RunContext<'_, 'env, H>,
-    id: RequestId,
-    params: Value,
+    request: BrainRequest,
 ) {
     let RunContext {
         connection,
@@ -231,13 +234,26 @@ fn start_run<'scope, 'env, H: Handler + ?Sized>(
         running,
         runners,
     } = *context;
-    let session_id = params.get("session_id").and_then(Value::as_str);
-    let sequence = params.get("sequence").and_then(Value::as_u64);
-    let (Some(session_id), Some(sequence)) = (session_id, sequence) else {
+    /// The members `run` needs before the handler reads the rest.
+    #[derive(serde::Deserialize)]
+    struct Names {
+        session_id: String,
+        sequence: u64,
+    }
+    let BrainRequest { id, params, .. } = request;
+    // An object only: serde would also read the two members from an array.
+    let names = params
+        .get()
+        .starts_with('{')
+        .then(|| serde_json::from_str::<Names>(params.get()));
+    let Some(Ok(Names {
+        session_id,
+        sequence,
+    })) = names
+    else {
         let message = "run: params need a string session_id and a non-negative integer sequence";
         return invalid_input(connection, &id, message.to_owned());
     };
-    let session_id = session_id.to_owned();
     let Some(token) = running.start(&session_id, sequence) else {
         let message = format!("activation {sequence} of {session_id} is already running");
         return answer_error(

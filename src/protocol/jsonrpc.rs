@@ -229,16 +229,53 @@ pub fn decode_result(line: &[u8]) -> Option<(RequestId, Box<RawValue>)> {
         #[serde(default, deserialize_with = "present")]
         method: bool,
     }
-    /// A member that is there, whatever its value (`null` included).
-    fn present<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<bool, D::Error> {
-        serde::de::IgnoredAny::deserialize(deserializer).map(|_| true)
-    }
     let wire: Wire = serde_json::from_slice(line).ok()?;
     if wire.jsonrpc != "2.0" || wire.error || wire.method {
         return None;
     }
     let id = RequestId::from_value(&serde_json::from_str(wire.id.get()).ok()?)?;
     Some((id, wire.result))
+}
+
+/// Decodes a line that is a well-formed JSON-RPC 2.0 request, keeping the params as JSON text
+/// (no `Value` tree; absent params are `null`). `None` for any other line: decode those with
+/// [`decode`], which names what is wrong. For every line this accepts, `decode` gives a request
+/// with the same id, method and params.
+pub fn decode_raw_request(line: &[u8]) -> Option<(RequestId, String, Box<RawValue>)> {
+    #[derive(Deserialize)]
+    struct Wire<'a> {
+        jsonrpc: &'a str,
+        #[serde(borrow)]
+        id: &'a RawValue,
+        method: String,
+        #[serde(default, deserialize_with = "raw_member")]
+        params: Option<Box<RawValue>>,
+    }
+    let wire: Wire = serde_json::from_slice(line).ok()?;
+    if wire.jsonrpc != "2.0" {
+        return None;
+    }
+    let params = match wire.params {
+        None => RawValue::from_string("null".to_owned()).ok()?,
+        // `decode` refuses params that are neither an object nor an array (`null` included).
+        Some(params) if params.get().starts_with(['{', '[']) => params,
+        Some(_) => return None,
+    };
+    let id = RequestId::from_value(&serde_json::from_str(wire.id.get()).ok()?)?;
+    Some((id, wire.method, params))
+}
+
+/// A member that is there, whatever its value (`null` included).
+fn present<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<bool, D::Error> {
+    serde::de::IgnoredAny::deserialize(deserializer).map(|_| true)
+}
+
+/// A member's JSON text, `Some` whenever the member is there (`null` included, unlike `Option`'s
+/// own reading).
+fn raw_member<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<Box<RawValue>>, D::Error> {
+    Box::<RawValue>::deserialize(deserializer).map(Some)
 }
 
 /// Encodes a request as one line (without the newline).
@@ -356,6 +393,41 @@ mod tests {
             "[1]",
         ] {
             assert!(decode_result(line.as_bytes()).is_none(), "{line}");
+        }
+    }
+
+    /// The SDK reader's request path takes exactly the requests, as `decode` reads them.
+    #[test]
+    fn the_raw_request_path_takes_only_requests() {
+        for line in [
+            r#"{"jsonrpc":"2.0","id":7,"method":"run","params":{"a":[1,{"b":null}]}}"#,
+            r#"{"params":[1, "x"],"method":"cancel","id":"r1","jsonrpc":"2.0","extra":{}}"#,
+            r#"{"jsonrpc":"2.0","id":-2,"method":"shutdown"}"#,
+            r#"{"jsonrpc":"2.0","id":3,"method":"run","params": {"result":1} }"#,
+            // `decode` reads an object with a method as a request, whatever else it holds.
+            r#"{"jsonrpc":"2.0","id":4,"method":"run","result":{},"error":null}"#,
+        ] {
+            let (id, method, params) = decode_raw_request(line.as_bytes()).expect(line);
+            let params: Value = serde_json::from_str(params.get()).unwrap();
+            assert_eq!(
+                decode_str(line),
+                Ok(Message::Request(Request { id, method, params })),
+                "{line}"
+            );
+        }
+        for line in [
+            r#"{"jsonrpc":"2.0","id":1,"method":"run","params":null}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"run","params":5}"#,
+            r#"{"jsonrpc":"2.0","id":1.5,"method":"run"}"#,
+            r#"{"jsonrpc":"2.0","id":null,"method":"run"}"#,
+            r#"{"jsonrpc":"2.0","method":"run","params":{}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":7}"#,
+            r#"{"jsonrpc":"1.0","id":1,"method":"run"}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"run","method":"run"}"#,
+            r#"{"jsonrpc":"2.0","id":1,"result":{}}"#,
+            "[1]",
+        ] {
+            assert!(decode_raw_request(line.as_bytes()).is_none(), "{line}");
         }
     }
 

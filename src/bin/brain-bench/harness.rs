@@ -44,16 +44,19 @@ impl Handler for BenchHarness {
     }
 
     fn run(&self, activation: &Activation) -> Result<Option<Value>, HandlerError> {
-        let params = activation.params();
+        let params: RunParams = activation
+            .params_as()
+            .map_err(|error| HandlerError::new("invalid_input", format!("run params: {error}")))?;
         let mode = params
-            .pointer("/input/configuration/bench")
+            .input
+            .configuration
+            .get("bench")
             .and_then(Value::as_str)
             .unwrap_or("none");
-        let plan: Value = params
-            .pointer("/input/input/content/0/text")
-            .and_then(Value::as_str)
-            .and_then(|text| serde_json::from_str(text).ok())
-            .unwrap_or(Value::Null);
+        let plan: Value = match params.input.input.as_ref().and_then(|i| i.content.first()) {
+            Some(Block::Text { text }) => serde_json::from_str(text).unwrap_or(Value::Null),
+            _ => Value::Null,
+        };
         match mode {
             "none" => Ok(None),
             "wait" => {
@@ -85,7 +88,7 @@ impl Handler for BenchHarness {
                     activation.call_typed::<_, ModelCallResult>("model", &request)
                 })
             }
-            "turn" => turn(activation),
+            "turn" => turn(activation, &params),
             other => Err(HandlerError::harness(format!("unknown bench mode {other}"))),
         }
     }
@@ -120,9 +123,7 @@ fn call_loop<T>(
 }
 
 /// One turn of the reference harness's loop, without reading or writing a native state file.
-fn turn(activation: &Activation) -> Result<Option<Value>, HandlerError> {
-    let params: RunParams = serde_json::from_value(activation.params().clone())
-        .map_err(|error| HandlerError::new("invalid_input", format!("run params: {error}")))?;
+fn turn(activation: &Activation, params: &RunParams) -> Result<Option<Value>, HandlerError> {
     let mut transcript = params.input.transcript.clone();
     if let Some(user) = &params.input.input {
         transcript.push(Message {
