@@ -354,8 +354,9 @@ impl Message {
     }
 }
 
-/// One piece of content, tagged by its `type` member.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// One piece of content, tagged by its `type` member. (Read by a hand-written `Deserialize` that
+/// takes the tag first when it comes first: see `protocol/block.rs`.)
+#[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Block {
     /// Plain text.

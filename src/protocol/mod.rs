@@ -1,5 +1,6 @@
 //! The wire: JSON-RPC 2.0 framing and the brain/harness/v1 payload types.
 
+mod block;
 pub mod framing;
 pub mod harness;
 pub mod jsonrpc;
