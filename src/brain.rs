@@ -19,7 +19,6 @@ use crate::status::{PoolStatus, StatusBoard};
 use crate::timer::Timer;
 use crate::watch::WatchedJournal;
 use crossbeam_channel::Sender;
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -380,7 +379,7 @@ impl Brain {
         );
         let dispatcher = Dispatcher {
             pool,
-            sessions: HashMap::new(),
+            sessions: Default::default(),
             dormant: dormant.into_iter().collect(),
             data_dir: options.data_dir.clone(),
             trim_due: false,
@@ -394,7 +393,7 @@ impl Brain {
             timer,
             options: options.clone(),
             stopping: None,
-            pending_runs: HashMap::new(),
+            pending_runs: Default::default(),
             metrics: metrics.clone(),
         };
         let inputs = Inputs {

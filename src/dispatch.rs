@@ -16,12 +16,11 @@ use crate::journal::{Journal, JournalError};
 use crate::options::Options;
 use crate::pool::{Deadline, Happening, Pool, StartupRefusal};
 use crate::protocol::harness::UserInput;
-use crate::session::{CreateSession, SessionId};
+use crate::session::{CreateSession, SessionId, SessionIdMap};
 use crate::sessions::{DurableToken, QueueEntry, SessionState};
 use crate::timer::Timer;
 use crate::worker::{WorkerEvent, WorkerKey};
 use crossbeam_channel::{Receiver, Sender, never, select_biased};
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -119,7 +118,7 @@ pub(crate) struct Inputs {
 /// Everything the dispatcher owns.
 pub(crate) struct Dispatcher {
     pub(crate) pool: Pool,
-    pub(crate) sessions: HashMap<SessionId, SessionState>,
+    pub(crate) sessions: SessionIdMap<SessionId, SessionState>,
     pub(crate) journal: Arc<dyn Journal>,
     pub(crate) effects: Effects,
     /// Capacity queues by registration and slot.
@@ -133,11 +132,11 @@ pub(crate) struct Dispatcher {
     /// have been told to stop.
     pub(crate) stopping: Option<Stopping>,
     /// Encoded `run` lines waiting for their `activation_started` record to become durable.
-    pub(crate) pending_runs: HashMap<(SessionId, u64), Vec<u8>>,
+    pub(crate) pending_runs: SessionIdMap<(SessionId, u64), Vec<u8>>,
     pub(crate) metrics: Arc<crate::metrics::Metrics>,
     /// Sessions found in the journal at start and not used since: their registration index and
     /// slot (for placement). A session is recovered and loaded on its first use.
-    pub(crate) dormant: HashMap<SessionId, (usize, u32)>,
+    pub(crate) dormant: SessionIdMap<SessionId, (usize, u32)>,
     /// Where native state lives, for sessions loaded on first use.
     pub(crate) data_dir: std::path::PathBuf,
     /// A [`Deadline::TrimHeap`] is set: sessions were made dormant or deleted since the last

@@ -60,10 +60,10 @@ use super::{
     apply,
 };
 use crate::protocol::harness::{Event, OriginKind, RecordKind};
-use crate::session::SessionId;
+use crate::session::{SessionId, SessionIdMap};
 use parking_lot::{Condvar, Mutex, RwLock};
 use serde_json::Value;
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::fs::{DirBuilder, File, OpenOptions};
 use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
 use std::panic::AssertUnwindSafe;
@@ -260,7 +260,7 @@ struct Counters {
 /// Every existing session, live or quiet.
 #[derive(Default)]
 struct Sessions {
-    map: HashMap<SessionId, Entry>,
+    map: SessionIdMap<SessionId, Entry>,
     /// The record places of the quiet sessions, each a span of it: one allocation for all of
     /// them, so that a quiet session pins no page of the heap.
     quiet_locs: Vec<Loc>,

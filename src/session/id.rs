@@ -94,9 +94,91 @@ impl<'de> Deserialize<'de> for SessionId {
     }
 }
 
+/// Hashes session ids for the maps Brain keys by them: [`SessionIdMap`].
+///
+/// Every id such a map holds was made by [`SessionId::generate`] (an id from outside is only
+/// looked up), so its 20 characters are random: folding its words with a multiply spreads them
+/// as well as SipHash does, in a few instructions instead of about a hundred and twenty per
+/// lookup (SipHash over the ids was ≈5 % of Brain's instructions per turn, docs/BENCHMARKS.md).
+/// Not for keys anybody else chooses: nothing here resists colliding keys made on purpose.
+#[derive(Default, Clone, Copy)]
+pub(crate) struct SessionIdHasher(u64);
+
+impl SessionIdHasher {
+    /// The multiplier of rustc's FxHasher: odd, with its bits spread.
+    const MIX: u64 = 0x517c_c1b7_2722_0a95;
+
+    fn add(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(Self::MIX);
+    }
+}
+
+impl std::hash::Hasher for SessionIdHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for chunk in &mut chunks {
+            let mut word = [0u8; 8];
+            word.copy_from_slice(chunk);
+            self.add(u64::from_le_bytes(word));
+        }
+        let rest = chunks.remainder();
+        if !rest.is_empty() {
+            let mut word = [0u8; 8];
+            word[..rest.len()].copy_from_slice(rest);
+            self.add(u64::from_le_bytes(word));
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.add(n);
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        self.add(n as u64);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// A map keyed by session ids (or by a session id and more), hashed with [`SessionIdHasher`].
+pub(crate) type SessionIdMap<K, V> =
+    std::collections::HashMap<K, V, std::hash::BuildHasherDefault<SessionIdHasher>>;
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// hashbrown picks a bucket with the hash's low bits and tags entries with its top 7 bits:
+    /// both must spread generated ids evenly.
+    #[test]
+    fn the_id_hasher_spreads_generated_ids_in_low_and_high_bits() {
+        use std::hash::BuildHasher;
+        let build = std::hash::BuildHasherDefault::<SessionIdHasher>::default();
+        let mut low = vec![0u32; 1024];
+        let mut high = vec![0u32; 128];
+        let ids = 20_480;
+        for _ in 0..ids {
+            let id = SessionId::generate().unwrap();
+            let hash = build.hash_one(&id);
+            low[(hash & 1023) as usize] += 1;
+            high[(hash >> 57) as usize] += 1;
+            // A pair hashes differently from the id alone and from the pair's other number.
+            assert_ne!(build.hash_one((&id, 1u64)), build.hash_one((&id, 2u64)));
+        }
+        // 20 per bucket on average; a fair spread stays well under three times that.
+        assert!(
+            low.iter().all(|&n| n < 60),
+            "low bits: {:?}",
+            low.iter().max()
+        );
+        // 160 per tag on average.
+        assert!(
+            high.iter().all(|&n| (80..=240).contains(&n)),
+            "top bits: {high:?}"
+        );
+    }
 
     #[test]
     fn generated_ids_have_the_stated_form_and_differ() {
