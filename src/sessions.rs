@@ -20,7 +20,7 @@ use crate::journal::{JournalError, NewRecord};
 use crate::pool::{Deadline, SessionRequest};
 use crate::protocol::harness::{
     CancelParams, CloseParams, CloseReason, ErrorCode, EventOrigin, ModelMetadata, OriginKind,
-    RecordKind, RunInput, RunParams, RunResult, UserInput, method, run_failure_code,
+    RecordKind, RunInputRef, RunParamsRef, RunResult, UserInput, method, run_failure_code,
 };
 use crate::protocol::jsonrpc::RpcError;
 use crate::session::{
@@ -934,10 +934,13 @@ impl Dispatcher {
     ) -> Result<Vec<u8>, Fixed> {
         let journal_failed =
             |error: JournalError| Fixed::failed(error.code().as_str(), error.to_string());
-        let view = self.journal.view(session).map_err(journal_failed)?;
+        let mut cursor = 0;
+        self.journal
+            .inspect(session, &mut |view| cursor = view.events_cursor)
+            .map_err(journal_failed)?;
         let events = self
             .journal
-            .pending_events(session, view.events_cursor, MAX_RUN_EVENTS)
+            .pending_events(session, cursor, MAX_RUN_EVENTS)
             .map_err(journal_failed)?;
         let state = self.sessions.get(session).ok_or_else(|| {
             Fixed::failed(
@@ -945,38 +948,41 @@ impl Dispatcher {
                 "the session disappeared",
             )
         })?;
-        let spec = state.spec.clone();
-        let incarnations = state.incarnations.clone();
-        let input = state.active.as_ref().and_then(|a| a.input.clone());
+        let spec = &state.spec;
         let events_through = events.last().map(|e| e.sequence);
-        let kv: Map<String, Value> = view
-            .kv
-            .into_iter()
-            .filter(|(k, _)| !k.starts_with("brain."))
-            .collect();
-        let params = RunParams {
-            session_id: session.as_str().to_owned(),
-            sequence,
-            state_dir: spec.state_dir.to_string_lossy().into_owned(),
-            model: spec.model.clone(),
-            input: RunInput {
-                input,
-                transcript: view.transcript,
-                kv,
-                events,
-                tools: tool_declarations(&spec.request.tools, &incarnations),
-                system: spec.request.system.clone(),
-                configuration: spec.configuration.clone(),
-                runtime: runtime_envelope(session, sequence),
-            },
-        };
+        let tools = tool_declarations(&spec.request.tools, &state.incarnations);
+        let runtime = runtime_envelope(session, sequence);
+        let state_dir = spec.state_dir.to_string_lossy();
         let request = SessionRequest::Run {
             session: session.clone(),
             sequence,
         };
-        let line = self
-            .pool
-            .prepare_request(key, method::RUN, &params, request.clone())
+        // Encoded straight from the journal's view of the session, under its lock: the
+        // transcript and kv are not copied first.
+        let pool = &mut self.pool;
+        let mut line = None;
+        self.journal
+            .inspect(session, &mut |view| {
+                let params = RunParamsRef {
+                    session_id: session.as_str(),
+                    sequence,
+                    state_dir: &state_dir,
+                    model: &spec.model,
+                    input: RunInputRef {
+                        input: state.active.as_ref().and_then(|a| a.input.as_ref()),
+                        transcript: &view.transcript,
+                        kv: &view.kv,
+                        events: &events,
+                        tools: &tools,
+                        system: spec.request.system.as_deref(),
+                        configuration: &spec.configuration,
+                        runtime: &runtime,
+                    },
+                };
+                line = pool.prepare_request(key, method::RUN, &params, request.clone());
+            })
+            .map_err(journal_failed)?;
+        let line = line
             .ok_or_else(|| Fixed::failed(ErrorCode::WorkerLost.as_str(), "the worker went away"))?;
         if line.len() > self.options.max_line_bytes {
             self.pool.forget_request(key, &request);

@@ -555,6 +555,46 @@ pub struct RunParams {
     pub input: RunInput,
 }
 
+/// [`RunParams`] borrowed from where Brain keeps them (the session's state and its journal view),
+/// for encoding a `run` request without copying the transcript, kv and configuration first. It
+/// encodes exactly as the `RunParams` holding the same values does, the kv without the reserved
+/// `brain.` keys (a test holds the two together).
+#[derive(Serialize)]
+pub(crate) struct RunParamsRef<'a> {
+    pub(crate) session_id: &'a str,
+    pub(crate) sequence: u64,
+    pub(crate) state_dir: &'a str,
+    pub(crate) model: &'a ModelMetadata,
+    pub(crate) input: RunInputRef<'a>,
+}
+
+/// [`RunInput`] borrowed: see [`RunParamsRef`].
+#[derive(Serialize)]
+pub(crate) struct RunInputRef<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) input: Option<&'a UserInput>,
+    pub(crate) transcript: &'a [Message],
+    /// The whole kv: the reserved keys are left out as it is encoded.
+    #[serde(serialize_with = "without_reserved_keys")]
+    pub(crate) kv: &'a Map<String, Value>,
+    pub(crate) events: &'a [Event],
+    pub(crate) tools: &'a [ToolDeclaration],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) system: Option<&'a str>,
+    pub(crate) configuration: &'a Map<String, Value>,
+    pub(crate) runtime: &'a Runtime,
+}
+
+fn without_reserved_keys<S: serde::Serializer>(
+    kv: &&Map<String, Value>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    serializer.collect_map(
+        kv.iter()
+            .filter(|(key, _)| !key.starts_with(RESERVED_KEY_PREFIX)),
+    )
+}
+
 /// The answer to `run`. It nests: the JSON-RPC `result` is this object, and its own `result` member
 /// is the activation's result. `{}` completes with no result; `{"result":null}` completes with a
 /// JSON `null` result.
@@ -1492,6 +1532,100 @@ impl FromStr for RecordKind {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The borrowed `run` params encode byte for byte as the owned ones.
+    #[test]
+    fn borrowed_run_params_encode_as_the_owned_ones() {
+        let full: Map<String, Value> = serde_json::from_value(
+            serde_json::json!({"plan": [1, {"a": null}], "brain.harness.activation": 3, "z": "y"}),
+        )
+        .unwrap();
+        let configuration: Map<String, Value> =
+            serde_json::from_value(serde_json::json!({"depth": 2, "name": "x\"q"})).unwrap();
+        let owned = RunParams {
+            session_id: "ses_0123456789ABCDEFabcd".into(),
+            sequence: 9,
+            state_dir: "/data/agentloops/r/ses_0123456789ABCDEFabcd".into(),
+            model: serde_json::from_value(serde_json::json!({
+                "provider": "scripted", "name": "m", "context_window": 1000, "options": {"t": 1}
+            }))
+            .unwrap(),
+            input: RunInput {
+                input: Some(UserInput {
+                    content: vec![Block::text("hi")],
+                }),
+                transcript: vec![
+                    Message::text(Role::User, "a"),
+                    Message::text(Role::Assistant, "b"),
+                ],
+                kv: full
+                    .iter()
+                    .filter(|(key, _)| !key.starts_with(RESERVED_KEY_PREFIX))
+                    .map(|(key, value)| (key.clone(), value.clone()))
+                    .collect(),
+                events: vec![Event {
+                    sequence: 4,
+                    event_type: "note".into(),
+                    recorded_at_ms: 17,
+                    data: serde_json::json!({"k": 1}),
+                    origin: None,
+                }],
+                tools: vec![ToolDeclaration {
+                    name: "t".into(),
+                    description: "d".into(),
+                    input_schema: serde_json::json!({"type": "object"}),
+                    placements: Vec::new(),
+                }],
+                system: Some("be brief".into()),
+                configuration,
+                runtime: Runtime {
+                    logical_time_ms: 9,
+                    deterministic_seed: "ab".repeat(32),
+                },
+            },
+        };
+        fn borrowed<'a>(
+            owned: &'a RunParams,
+            kv: &'a Map<String, Value>,
+            input: Option<&'a UserInput>,
+            system: Option<&'a str>,
+        ) -> RunParamsRef<'a> {
+            RunParamsRef {
+                session_id: &owned.session_id,
+                sequence: owned.sequence,
+                state_dir: &owned.state_dir,
+                model: &owned.model,
+                input: RunInputRef {
+                    input,
+                    transcript: &owned.input.transcript,
+                    kv,
+                    events: &owned.input.events,
+                    tools: &owned.input.tools,
+                    system,
+                    configuration: &owned.input.configuration,
+                    runtime: &owned.input.runtime,
+                },
+            }
+        }
+        let both = borrowed(
+            &owned,
+            &full,
+            owned.input.input.as_ref(),
+            owned.input.system.as_deref(),
+        );
+        assert_eq!(
+            serde_json::to_string(&both).unwrap(),
+            serde_json::to_string(&owned).unwrap()
+        );
+        // Without the optional members, both leave them out.
+        let mut bare = owned.clone();
+        bare.input.input = None;
+        bare.input.system = None;
+        assert_eq!(
+            serde_json::to_string(&borrowed(&bare, &full, None, None)).unwrap(),
+            serde_json::to_string(&bare).unwrap()
+        );
+    }
     use serde_json::json;
 
     /// Parses `text` as `T`, checks that serializing gives back exactly the same JSON, returns it.
