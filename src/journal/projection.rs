@@ -3,6 +3,7 @@
 
 use super::{NewRecord, SessionStatus, SessionView};
 use crate::protocol::harness::{Message, RecordKind};
+use serde::Deserialize;
 use serde_json::{Value, json};
 
 /// The reserved kv key holding the activation marker, `{"sequence": N}` (PROTOCOL.md §6).
@@ -84,7 +85,8 @@ pub fn apply(view: &mut SessionView, sequence: u64, record: &NewRecord) -> Resul
                 .get("append")
                 .ok_or_else(|| "`append` is missing".to_owned())
                 .and_then(|append| {
-                    serde_json::from_value(append.clone())
+                    // Read from the tree in place: no copy of the appended messages first.
+                    Vec::<Message>::deserialize(append)
                         .map_err(|e| format!("`append` is not a list of messages: {e}"))
                 })?;
             // A `keep` that does not fit in usize is certainly beyond the length: keep everything.
