@@ -218,7 +218,12 @@ impl Dispatcher {
     /// harness says after reading that answer must find the callback counted as answered (the
     /// `select` above may see the worker's message first, as it looks at each channel in turn).
     fn take_reports(&mut self, internal: &Receiver<Internal>) {
-        while let Ok(report) = internal.try_recv() {
+        // Only those sent by now: reports that keep arriving meanwhile must not hold the worker's
+        // message back for ever.
+        for _ in 0..internal.len() {
+            let Ok(report) = internal.try_recv() else {
+                break;
+            };
             self.on_internal(report);
             self.settle();
         }
