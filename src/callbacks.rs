@@ -404,11 +404,10 @@ fn run(
                         .count();
                 })
                 .map_err(journal_failed)?;
-            let data = json!({"keep": keep, "append": &input.messages[keep..]});
-            sequence_answer(
-                job,
-                append(journal, job, RecordKind::TranscriptDelta, data, None)?,
-            )
+            let sequence = journal
+                .append_transcript_durable(&job.session, keep, &input.messages[keep..])
+                .map_err(journal_failed)?;
+            sequence_answer(job, sequence)
         }
         CallbackInput::Emit(input) => {
             if input.event_type.parse::<RecordKind>().is_ok() {

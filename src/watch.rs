@@ -7,7 +7,7 @@
 use crate::journal::{
     AppendedCallback, DurableCallback, EffectRecord, Journal, JournalError, NewRecord, SessionView,
 };
-use crate::protocol::harness::Event;
+use crate::protocol::harness::{Event, Message};
 use crate::session::SessionId;
 use parking_lot::{Condvar, Mutex};
 use serde_json::Value;
@@ -74,6 +74,18 @@ impl Journal for WatchedJournal {
         // Bumped even on failure: the record may have been appended (and readable) before its
         // flush failed, and a spurious wake-up only makes a reader look again.
         let appended = self.inner.append_durable(session, record);
+        self.bump();
+        appended
+    }
+
+    fn append_transcript_durable(
+        &self,
+        session: &SessionId,
+        keep: usize,
+        append: &[Message],
+    ) -> Result<u64, JournalError> {
+        // Bumped even on failure, as append_durable is.
+        let appended = self.inner.append_transcript_durable(session, keep, append);
         self.bump();
         appended
     }

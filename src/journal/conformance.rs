@@ -442,6 +442,56 @@ fn effect_records_read_and_project_as_their_new_records(journal: Arc<dyn Journal
     assert_eq!(view, journal.view(&plain).unwrap());
 }
 
+fn transcript_deltas_read_and_project_as_their_new_records(journal: Arc<dyn Journal>) {
+    use crate::protocol::harness::{Message, Role};
+    let (typed, plain) = (id(1), id(2));
+    let first = [
+        Message::text(Role::User, "a"),
+        Message::text(Role::Assistant, "b \"q\""),
+    ];
+    let second = [Message::text(Role::User, "c")];
+    for session in [&typed, &plain] {
+        journal.create(session, created()).unwrap();
+    }
+    assert_eq!(
+        journal
+            .append_transcript_durable(&typed, 0, &first)
+            .unwrap(),
+        2
+    );
+    assert_eq!(
+        journal
+            .append_transcript_durable(&typed, 1, &second)
+            .unwrap(),
+        3
+    );
+    for (keep, append) in [(0, &first[..]), (1, &second[..])] {
+        let data = json!({"keep": keep, "append": append});
+        journal
+            .append_durable(&plain, record(RecordKind::TranscriptDelta, data))
+            .unwrap();
+    }
+    let (typed_view, plain_view) = (journal.view(&typed).unwrap(), journal.view(&plain).unwrap());
+    assert_eq!(
+        typed_view.transcript,
+        vec![first[0].clone(), second[0].clone()]
+    );
+    assert_eq!(typed_view.transcript, plain_view.transcript);
+    assert_eq!(typed_view.transcript_through, 3);
+    let data = |events: Vec<Event>| events.into_iter().map(|e| e.data).collect::<Vec<_>>();
+    assert_eq!(
+        data(journal.read(&typed, 1, 10).unwrap()),
+        data(journal.read(&plain, 1, 10).unwrap())
+    );
+    // A replay of what was read projects the same transcript.
+    let mut replayed = SessionView::default();
+    for (n, event) in journal.read(&typed, 0, 10).unwrap().into_iter().enumerate() {
+        let kind = event.event_type.parse().unwrap();
+        apply(&mut replayed, n as u64 + 1, &record(kind, event.data)).unwrap();
+    }
+    assert_eq!(replayed.transcript, typed_view.transcript);
+}
+
 fn on_durable_calls_back_once_without_holding_locks(journal: Arc<dyn Journal>) {
     let session = id(3);
     journal.create(&session, created()).unwrap();
@@ -580,6 +630,7 @@ conformance!(
     every_call_naming_a_deleted_or_unknown_session_fails_unknown_session,
     append_durable_returns_the_sequence,
     effect_records_read_and_project_as_their_new_records,
+    transcript_deltas_read_and_project_as_their_new_records,
     on_durable_calls_back_once_without_holding_locks,
     concurrent_appends_produce_gapless_ordered_sequences,
 );

@@ -57,9 +57,9 @@ use super::recover::{self, Tail};
 use super::segment::{self, Loc, SegmentTable};
 use super::{
     AppendedCallback, DurableCallback, EffectRecord, Journal, JournalError, NewRecord, SessionView,
-    apply,
+    apply, apply_transcript_delta,
 };
-use crate::protocol::harness::{Event, OriginKind, RecordKind};
+use crate::protocol::harness::{Event, Message, OriginKind, RecordKind};
 use crate::session::{SessionId, SessionIdMap};
 use parking_lot::{Condvar, Mutex, RwLock};
 use serde_json::Value;
@@ -613,17 +613,20 @@ impl DiskJournal {
         record: NewRecord,
     ) -> Result<(u64, u64), JournalError> {
         let body = frame::encode_body(&record).map_err(JournalError::Failed)?;
-        self.place_body(session, body, &record)
+        self.place_body(session, body, Projected::Record(&record))
     }
 
-    /// Appends the record whose frame body is `body` and which [`apply`]s as `projected`.
+    /// Appends the record whose frame body is `body` and which changes a loaded session's
+    /// projections as `projected` says.
     fn place_body(
         &self,
         session: &SessionId,
         body: Vec<u8>,
-        projected: &NewRecord,
+        projected: Projected<'_>,
     ) -> Result<(u64, u64), JournalError> {
-        if projected.kind == RecordKind::SessionCreated {
+        if let Projected::Record(record) = projected
+            && record.kind == RecordKind::SessionCreated
+        {
             return Err(JournalError::Failed(format!(
                 "session {session}: session_created is only the first record (use create)"
             )));
@@ -646,7 +649,15 @@ impl DiskJournal {
             s.locs.push(loc);
             s.last_stamp = recorded_at_ms;
             if let Some(loaded) = s.loaded.as_deref_mut() {
-                loaded.apply(session, sequence, projected, true);
+                match projected {
+                    Projected::Record(record) => loaded.apply(session, sequence, record, true),
+                    Projected::TranscriptDelta { keep, append } => apply_transcript_delta(
+                        &mut loaded.view,
+                        sequence,
+                        keep,
+                        append.iter().cloned(),
+                    ),
+                }
             }
             s.unwritten
                 .push_back((sequence, Unwritten::new(body, recorded_at_ms)));
@@ -688,6 +699,15 @@ impl Drop for DiskJournal {
             }
         }
     }
+}
+
+/// How an appended record changes a loaded session's projections.
+#[derive(Clone, Copy)]
+enum Projected<'a> {
+    /// As [`apply`] reads the record.
+    Record(&'a NewRecord),
+    /// A `transcript_delta`, from its messages as they are (no `Value` tree of them).
+    TranscriptDelta { keep: usize, append: &'a [Message] },
 }
 
 impl Journal for DiskJournal {
@@ -755,6 +775,27 @@ impl Journal for DiskJournal {
         Ok(sequence)
     }
 
+    fn append_transcript_durable(
+        &self,
+        session: &SessionId,
+        keep: usize,
+        append: &[Message],
+    ) -> Result<u64, JournalError> {
+        /// The record's data, members in the order a `Value` keeps them, so that the frame is
+        /// the one `append_durable` would write.
+        #[derive(serde::Serialize)]
+        struct Delta<'a> {
+            append: &'a [Message],
+            keep: usize,
+        }
+        let body = frame::encode_typed_body(RecordKind::TranscriptDelta, &Delta { append, keep })
+            .map_err(JournalError::Failed)?;
+        let (sequence, end) =
+            self.place_body(session, body, Projected::TranscriptDelta { keep, append })?;
+        self.shared.flush_through(end)?;
+        Ok(sequence)
+    }
+
     fn append_effect_then(
         &self,
         session: &SessionId,
@@ -763,7 +804,9 @@ impl Journal for DiskJournal {
     ) {
         let placed = frame::encode_effect_body(&record)
             .map_err(JournalError::Failed)
-            .and_then(|body| self.place_body(session, body, &record.projected()));
+            .and_then(|body| {
+                self.place_body(session, body, Projected::Record(&record.projected()))
+            });
         match placed {
             Ok((sequence, end)) => self.shared.flush_then(
                 end,

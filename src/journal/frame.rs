@@ -287,6 +287,22 @@ pub(crate) fn encode_effect_body(record: &EffectRecord) -> Result<Vec<u8>, Strin
     )
 }
 
+/// The body of a frame holding a record of `kind` whose data is `data` encoded (no origin). It
+/// decodes as the [`NewRecord`] whose data is `data` as a `Value`.
+pub(crate) fn encode_typed_body(
+    kind: RecordKind,
+    data: &(impl Serialize + ?Sized),
+) -> Result<Vec<u8>, String> {
+    checked_body(
+        kind,
+        &BodyOut {
+            kind: kind.as_str(),
+            origin: None,
+            data,
+        },
+    )
+}
+
 fn checked_body<D: Serialize + ?Sized>(
     kind: RecordKind,
     body: &BodyOut<'_, D>,

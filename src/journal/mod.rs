@@ -31,6 +31,7 @@ pub use disk::{
     MAX_SEGMENT_SIZE, MIN_SEGMENT_SIZE,
 };
 pub use memory::MemoryJournal;
+pub(crate) use projection::apply_transcript_delta;
 pub use projection::{ACTIVATION_MARKER_KEY, EVENTS_CURSOR_KEY, apply};
 
 use crate::protocol::harness::{ErrorCode, Event, EventOrigin, Message, RecordKind};
@@ -364,6 +365,31 @@ pub trait Journal: Send + Sync + 'static {
                  {session}"
             ))),
         }
+    }
+
+    /// Appends the `transcript_delta` record `{"keep": keep, "append": append}` (keep the first
+    /// `keep` messages of the transcript, then append `append`) and blocks until it is durable,
+    /// as [`Journal::append_durable`] does; returns its sequence. It reads back, and projects,
+    /// exactly as that record appended as a [`NewRecord`] would.
+    ///
+    /// The default appends it as a [`NewRecord`]; a journal that stores JSON text should encode
+    /// it from the messages and project them as they are, without a `Value` tree of them in
+    /// between. A wrapper that delegates to another journal should delegate this too.
+    fn append_transcript_durable(
+        &self,
+        session: &SessionId,
+        keep: usize,
+        append: &[Message],
+    ) -> Result<u64, JournalError> {
+        let data = serde_json::json!({"keep": keep, "append": append});
+        self.append_durable(
+            session,
+            NewRecord {
+                kind: RecordKind::TranscriptDelta,
+                data,
+                origin: None,
+            },
+        )
     }
 
     /// Appends an effect record whose data is already encoded, as [`Journal::append`] does, and

@@ -91,9 +91,7 @@ pub fn apply(view: &mut SessionView, sequence: u64, record: &NewRecord) -> Resul
                 })?;
             // A `keep` that does not fit in usize is certainly beyond the length: keep everything.
             let keep = usize::try_from(keep).unwrap_or(usize::MAX);
-            view.transcript.truncate(keep);
-            view.transcript.extend(append);
-            view.transcript_through = sequence;
+            apply_transcript_delta(view, sequence, keep, append);
         }
         RecordKind::KvSet => {
             let key = string(data, "key")?;
@@ -141,6 +139,19 @@ fn string<'a>(data: &'a Value, field: &str) -> Result<&'a str, String> {
     data.get(field)
         .and_then(Value::as_str)
         .ok_or_else(|| format!("`{field}` is not a string"))
+}
+
+/// What a `transcript_delta` record `sequence` does to `view`: keeps the first `keep` messages
+/// (all of them when there are fewer) and appends `append`.
+pub(crate) fn apply_transcript_delta(
+    view: &mut SessionView,
+    sequence: u64,
+    keep: usize,
+    append: impl IntoIterator<Item = Message>,
+) {
+    view.transcript.truncate(keep);
+    view.transcript.extend(append);
+    view.transcript_through = sequence;
 }
 
 #[cfg(test)]
