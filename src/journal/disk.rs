@@ -802,7 +802,7 @@ impl Journal for DiskJournal {
         record: EffectRecord,
         done: AppendedCallback,
     ) {
-        let placed = frame::encode_effect_body(&record)
+        let placed = frame::encode_typed_body(record.kind(), record.data())
             .map_err(JournalError::Failed)
             .and_then(|body| {
                 self.place_body(session, body, Projected::Record(&record.projected()))

@@ -21,8 +21,8 @@
 //! frame never ends with a zero byte (a JSON object ends with `}`, a tombstone with the last
 //! character of a session id), which the torn-tail rule of recovery relies on.
 
+use super::NewRecord;
 use super::crc::{Crc32c, crc32c};
-use super::{EffectRecord, NewRecord};
 use crate::protocol::harness::{EventOrigin, RecordKind};
 use crate::session::SessionId;
 use serde::{Deserialize, Serialize};
@@ -274,21 +274,9 @@ pub(crate) fn encode_body(record: &NewRecord) -> Result<Vec<u8>, String> {
     )
 }
 
-/// The body of a frame holding `record`, its data's JSON text copied as it is. It decodes as
-/// the record's [`EffectRecord::to_record`].
-pub(crate) fn encode_effect_body(record: &EffectRecord) -> Result<Vec<u8>, String> {
-    checked_body(
-        record.kind(),
-        &BodyOut {
-            kind: record.kind().as_str(),
-            origin: None,
-            data: record.data(),
-        },
-    )
-}
-
 /// The body of a frame holding a record of `kind` whose data is `data` encoded (no origin). It
-/// decodes as the [`NewRecord`] whose data is `data` as a `Value`.
+/// decodes as the [`NewRecord`] whose data is `data` as a `Value`; for an effect record's
+/// data (JSON text, copied as it is) that is [`EffectRecord::to_record`](super::EffectRecord::to_record).
 pub(crate) fn encode_typed_body(
     kind: RecordKind,
     data: &(impl Serialize + ?Sized),
