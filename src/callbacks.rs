@@ -171,7 +171,7 @@ fn serve(
             }
             Work::Perform(job, effect, started) => {
                 let method = effect.method();
-                let answer = perform(&job, journal, effect, started);
+                let answer = perform(&job, effect, started);
                 (job, method, answer)
             }
         };
@@ -197,11 +197,12 @@ fn serve(
                 };
                 journal.append_effect_then(&session, record, Box::new(then));
             }
-            Ok(Answer::OnceDurable { record, line }) => journal.append_effect_then(
+            Ok(Answer::OnceDurable { record, answer }) => journal.append_effect_then(
                 &session,
                 record,
-                Box::new(move |durable| {
-                    reply.send(durable.map(|_| line).map_err(journal_failed), None);
+                Box::new(move |durable| match durable {
+                    Ok(_) => reply.send(answer, None),
+                    Err(error) => reply.send(Err(journal_failed(error)), None),
                 }),
             ),
             Err(error) => reply.send(Err(error), incarnation),
@@ -273,10 +274,14 @@ enum Answer {
         record: EffectRecord,
         effect: Effect,
     },
-    /// An effect's finished record and the response line, to send once the record is durable.
-    /// The executor appends it and goes back to its queue: whoever makes the record durable
-    /// sends the answer, so that under load no executor waits for another thread's flush.
-    OnceDurable { record: EffectRecord, line: Vec<u8> },
+    /// An effect's finished record and the answer (the response line, or the callback's error),
+    /// to send once the record is durable. The executor appends it and goes back to its queue:
+    /// whoever makes the record durable sends the answer, so that under load no executor waits
+    /// for another thread's flush.
+    OnceDurable {
+        record: EffectRecord,
+        answer: Result<Vec<u8>, RpcError>,
+    },
 }
 
 /// Where the answer to one callback goes: reported to the dispatcher as a [`CallbackDone`],
@@ -490,7 +495,7 @@ fn run(
                     json!({"started": started, "name": input.name, "operation": "setup", "outcome": "ok"}),
                     sequence_answer(job, started),
                 ),
-                Err(error) => effect_failure(started, error),
+                Err(error) => environment_failure(started, error),
             };
             append(journal, job, RecordKind::EnvironmentFinished, data, None)?;
             if answer.is_ok() {
@@ -523,7 +528,7 @@ fn run(
                         },
                     ),
                 ),
-                Err(error) => effect_failure(started, error),
+                Err(error) => environment_failure(started, error),
             };
             append(journal, job, RecordKind::EnvironmentFinished, data, None)?;
             answer
@@ -636,39 +641,25 @@ fn model(
 }
 
 /// Performs an effect whose started record, `started`, is durable, and finishes it.
-fn perform(
-    job: &Job,
-    journal: &dyn Journal,
-    effect: Effect,
-    started: u64,
-) -> Result<Answer, RpcError> {
+fn perform(job: &Job, effect: Effect, started: u64) -> Result<Answer, RpcError> {
     match effect {
         Effect::Model {
             provider,
             request,
             ordinal,
-        } => perform_model(job, journal, &*provider, &request, ordinal, started),
+        } => perform_model(job, &*provider, &request, ordinal, started),
         Effect::Tool {
             driver,
             environment,
             incarnation,
             input,
-        } => perform_tool(
-            job,
-            journal,
-            &*driver,
-            &environment,
-            incarnation,
-            input,
-            started,
-        ),
+        } => perform_tool(job, &*driver, &environment, incarnation, input, started),
     }
 }
 
 /// Calls the provider of a started model call, and finishes it.
 fn perform_model(
     job: &Job,
-    journal: &dyn Journal,
     provider: &dyn ModelProvider,
     request: &ModelRequest,
     ordinal: u64,
@@ -684,9 +675,8 @@ fn perform_model(
     match provider.call(&call, &job.cancel) {
         Ok(result) => finish_effect(job, RecordKind::ModelCallFinished, started, "ok", &result),
         Err(error) => {
-            let (data, answer) = effect_failure(started, error);
-            append(journal, job, RecordKind::ModelCallFinished, data, None)?;
-            answer
+            let (data, error) = effect_failure(error);
+            finish_failed(job, RecordKind::ModelCallFinished, started, &data, error)
         }
     }
 }
@@ -733,32 +723,64 @@ fn finish_effect(
             result: &result,
         },
     );
-    Ok(Answer::OnceDurable { record, line })
+    Ok(Answer::OnceDurable {
+        record,
+        answer: Ok(line),
+    })
 }
 
-/// The finished record and the callback's error for an effect that did not succeed.
-fn effect_failure(
-    started: u64,
-    error: crate::effects::EffectError,
-) -> (Value, Result<Answer, RpcError>) {
+/// The finished record's data (without `started`) and the callback's error for an effect that
+/// did not succeed.
+fn effect_failure(error: crate::effects::EffectError) -> (Value, RpcError) {
     use crate::effects::EffectError;
     match error {
         EffectError::Failed { code, message } => (
-            json!({"started": started, "outcome": "error", "code": code, "message": message}),
-            Err(call_error(code, message)),
+            json!({"outcome": "error", "code": code, "message": message}),
+            call_error(code, message),
         ),
         EffectError::Unknown { message } => (
-            json!({"started": started, "outcome": "unknown", "code": "outcome_unknown", "message": message}),
-            Err(call_error(ErrorCode::OutcomeUnknown, message)),
+            json!({"outcome": "unknown", "code": "outcome_unknown", "message": message}),
+            call_error(ErrorCode::OutcomeUnknown, message),
         ),
         EffectError::Cancelled { sent } => {
             let outcome = if sent { "unknown" } else { "cancelled" };
             (
-                json!({"started": started, "outcome": outcome, "code": "cancelled"}),
-                Err(call_error(ErrorCode::Cancelled, "cancelled")),
+                json!({"outcome": outcome, "code": "cancelled"}),
+                call_error(ErrorCode::Cancelled, "cancelled"),
             )
         }
     }
+}
+
+/// A model or tool call's finished record for a failure, `data` followed by `"started"`, and
+/// the callback's error, to send once the record is durable (as [`finish_effect`] does for a
+/// result). An `unknown` outcome is counted, as [`append`] counts it.
+fn finish_failed(
+    job: &Job,
+    kind: RecordKind,
+    started: u64,
+    data: &Value,
+    error: RpcError,
+) -> Result<Answer, RpcError> {
+    if data.get("outcome") == Some(&json!("unknown")) {
+        job.metrics.unknown_outcome();
+    }
+    let record = EffectRecord::finished(kind, started, data).map_err(journal_failed)?;
+    Ok(Answer::OnceDurable {
+        record,
+        answer: Err(error),
+    })
+}
+
+/// An environment operation's finished record and answer for a failure: the effect's failure
+/// with `started` in the data (environment records are appended as `NewRecord`s).
+fn environment_failure(
+    started: u64,
+    error: crate::effects::EffectError,
+) -> (Value, Result<Answer, RpcError>) {
+    let (mut data, error) = effect_failure(error);
+    data["started"] = json!(started);
+    (data, Err(error))
 }
 
 /// A tool call across the effect barrier. Once started, the answer is a ToolResult whose outcome
@@ -850,7 +872,6 @@ fn tool(job: &Job, effects: &Effects, input: ToolCallInput) -> Result<Answer, Rp
 /// Calls the tool of a started tool call, and finishes it.
 fn perform_tool(
     job: &Job,
-    journal: &dyn Journal,
     driver: &dyn EnvironmentDriver,
     environment: &EnvironmentSpec,
     incarnation: u64,
@@ -873,9 +894,10 @@ fn perform_tool(
             let (outcome, message) = match error {
                 EffectError::Failed { message, .. } => {
                     // It never started: the finished record says so, and the callback fails.
-                    let data = json!({"started": started, "outcome": "error", "code": "tool_failed", "message": message});
-                    append(journal, job, RecordKind::ToolCallFinished, data, None)?;
-                    return Err(call_error(ErrorCode::ToolFailed, message));
+                    let data =
+                        json!({"outcome": "error", "code": "tool_failed", "message": message});
+                    let error = call_error(ErrorCode::ToolFailed, message);
+                    return finish_failed(job, RecordKind::ToolCallFinished, started, &data, error);
                 }
                 EffectError::Unknown { message } => (ToolOutcome::Unknown, message),
                 EffectError::Cancelled { sent: true } => (

@@ -759,6 +759,16 @@ fn crashes_inside_a_callback(row: &'static str) -> Rig {
         .collect();
     assert_eq!(finished.len(), 1, "{row}: {events:?}");
     assert_eq!(finished[0].data["outcome"], "unknown", "{row}: {events:?}");
+    // It names the started record it finishes.
+    let started = events
+        .iter()
+        .find(|e| e.event_type == "model_call_started")
+        .map(|e| e.sequence);
+    assert_eq!(
+        finished[0].data["started"].as_u64(),
+        started,
+        "{row}: {events:?}"
+    );
     assert_eq!(rig.status(&session), SessionStatus::Interrupted);
     rig.wait_respawned("f", 0, 1);
     rig.serves("f");
