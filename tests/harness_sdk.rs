@@ -956,7 +956,7 @@ fn requests_arrive_with_their_params_as_text() {
     let twice = connection.requests().recv_timeout(DEADLINE).unwrap();
     assert_eq!(twice.id, RequestId::Str("x".into()));
     assert_eq!(twice.method, "cancel");
-    assert_eq!(twice.params_value().unwrap(), json!([1]));
+    assert_eq!(twice.params_as::<Value>().unwrap(), json!([1]));
 
     let bare = connection.requests().recv_timeout(DEADLINE).unwrap();
     assert_eq!(bare.method, "shutdown");

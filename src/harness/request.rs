@@ -2,7 +2,6 @@
 
 use crate::protocol::jsonrpc::RequestId;
 use serde::de::DeserializeOwned;
-use serde_json::Value;
 use serde_json::value::RawValue;
 
 /// A request Brain sent the harness: `initialize`, `run`, `cancel`, `close`, `shutdown`, or a
@@ -23,19 +22,11 @@ pub struct BrainRequest {
 }
 
 impl BrainRequest {
-    /// The params typed as `T`, straight from their JSON text.
+    /// The params typed as `T`, straight from their JSON text (`Value` for a tree of them).
     ///
     /// # Errors
     /// When the params are not a `T`.
     pub fn params_as<T: DeserializeOwned>(&self) -> serde_json::Result<T> {
         serde_json::from_str(self.params.get())
-    }
-
-    /// The params as a `Value` tree.
-    ///
-    /// # Errors
-    /// Only when the params nest deeper than serde_json's recursion limit (128 levels).
-    pub fn params_value(&self) -> serde_json::Result<Value> {
-        self.params_as()
     }
 }

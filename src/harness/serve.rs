@@ -125,11 +125,11 @@ pub fn serve_connection<H: Handler + ?Sized>(connection: &Connection, handler: &
                 // Small params: a tree is the plainest way to read them. (One nested too deep
                 // to build is read as no params, and refused as such.)
                 method::CANCEL => {
-                    let params = request.params_value().unwrap_or(Value::Null);
+                    let params = request.params_as::<Value>().unwrap_or(Value::Null);
                     cancel(connection, &running, id, &params);
                 }
                 method::CLOSE => {
-                    let params = request.params_value().unwrap_or(Value::Null);
+                    let params = request.params_as::<Value>().unwrap_or(Value::Null);
                     close(connection, handler, id, &params);
                 }
                 method::SHUTDOWN => {
