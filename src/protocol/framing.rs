@@ -84,11 +84,15 @@ impl<R: Read> LineReader<R> {
                 continue;
             }
             let available = &self.chunk[self.start..self.end];
-            match available.iter().position(|&b| b == b'\n') {
+            match memchr::memchr(b'\n', available) {
                 Some(newline) => {
-                    let piece_end = self.start + newline;
-                    self.take(self.start, piece_end);
-                    self.start = piece_end + 1;
+                    let (from, to) = (self.start, self.start + newline);
+                    self.start = to + 1;
+                    if self.line.is_empty() && self.discarding.is_none() && newline <= self.limit {
+                        // The whole line is inside the chunk: lend it from there, uncopied.
+                        return Ok(Some(Frame::Line(without_cr(&self.chunk[from..to]))));
+                    }
+                    self.take(from, to);
                     return Ok(Some(self.complete()));
                 }
                 None => {
@@ -130,10 +134,7 @@ impl<R: Read> LineReader<R> {
                 length,
             };
         }
-        if self.line.last() == Some(&b'\r') {
-            self.line.pop();
-        }
-        Frame::Line(&self.line)
+        Frame::Line(without_cr(&self.line))
     }
 
     fn finish_at_eof(&mut self) -> Option<Frame<'_>> {
@@ -164,6 +165,11 @@ impl<R: Read> LineReader<R> {
     }
 }
 
+/// `line` without the CR that ends it, if one does.
+fn without_cr(line: &[u8]) -> &[u8] {
+    line.strip_suffix(b"\r").unwrap_or(line)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -171,7 +177,46 @@ mod tests {
     /// A line, or the prefix and length of an over-long one.
     type Owned = Result<Vec<u8>, (Vec<u8>, u64)>;
 
+    /// The frames of `input`, which must be the same whether a line arrives in one read (and is
+    /// lent from the chunk) or spread over reads of 1, 2 or 3 bytes (and is assembled). An
+    /// over-long line's prefix may be shorter when it arrives in pieces: it holds what had arrived
+    /// when the line went over the limit.
     fn frames(input: &[u8], limit: usize) -> Vec<Owned> {
+        let whole = frames_of(input, limit);
+        for step in 1..=3 {
+            let dribbled = frames_of(Dribble { rest: input, step }, limit);
+            assert_eq!(dribbled.len(), whole.len(), "reads of {step} bytes");
+            for (piecemeal, at_once) in dribbled.iter().zip(&whole) {
+                match (piecemeal, at_once) {
+                    (Err((short, length)), Err((prefix, same))) => {
+                        assert_eq!(length, same, "reads of {step} bytes");
+                        assert!(
+                            prefix.starts_with(short) && short.len() >= limit.min(prefix.len())
+                        );
+                    }
+                    _ => assert_eq!(piecemeal, at_once, "reads of {step} bytes"),
+                }
+            }
+        }
+        whole
+    }
+
+    /// Gives out its bytes `step` at a time.
+    struct Dribble<'a> {
+        rest: &'a [u8],
+        step: usize,
+    }
+
+    impl Read for Dribble<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            let n = self.step.min(buf.len()).min(self.rest.len());
+            buf[..n].copy_from_slice(&self.rest[..n]);
+            self.rest = &self.rest[n..];
+            Ok(n)
+        }
+    }
+
+    fn frames_of(input: impl Read, limit: usize) -> Vec<Owned> {
         let mut reader = LineReader::new(input, limit);
         let mut out = Vec::new();
         while let Some(frame) = reader.next_frame().unwrap() {
