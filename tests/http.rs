@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const TOKEN: &str = "test-token-3f9a1c";
 
@@ -907,6 +907,16 @@ fn readiness_and_metrics_follow_the_pool() {
     exchange(server.addr, &encode("GET", "/health/live", &[], b"")).expect(204, None);
 }
 
+/// The SSE streams open, from the metrics.
+fn sse_followers(server: &Server) -> u64 {
+    let metrics = exchange(server.addr, &encode("GET", "/metrics", &[], b"")).expect(200, None);
+    let text = String::from_utf8(metrics.body).unwrap();
+    text.lines()
+        .find_map(|line| line.strip_prefix("brain_http_sse_followers "))
+        .and_then(|count| count.parse().ok())
+        .expect("the metrics count SSE followers")
+}
+
 #[test]
 fn a_slow_sse_reader_is_dropped_and_never_holds_up_the_session() {
     let options = HttpOptions {
@@ -929,7 +939,17 @@ fn a_slow_sse_reader_is_dropped_and_never_holds_up_the_session() {
             .append_event("pad", json!({"n": n, "pad": pad}))
             .expect("append");
     }
-    // Reading at last, it finds its stream cut short: it was dropped.
+    // The stream is dropped while its reader reads nothing (the appends may end before the
+    // stream has filled the socket buffers, so this waits for the drop itself). Reading at
+    // last, the reader finds its stream cut short.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while sse_followers(&server) > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the slow reader's stream is still open"
+        );
+        std::thread::yield_now();
+    }
     let mut last_id = 0;
     loop {
         let mut line = String::new();
