@@ -695,7 +695,7 @@ fn finish_effect(
     if outcome == "unknown" {
         job.metrics.unknown_outcome();
     }
-    let result = serde_json::value::to_raw_value(result).map_err(|error| {
+    let result = crate::protocol::json::to_raw_value(result).map_err(|error| {
         call_error(
             ErrorCode::JournalFailed,
             format!("the {kind} record's result cannot be encoded: {error}"),

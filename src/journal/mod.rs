@@ -169,9 +169,7 @@ fn one_of(kind: RecordKind, kinds: &[RecordKind], which: &str) -> Result<(), Jou
 
 /// `data` as JSON text, which must be an object.
 fn encode_object(kind: RecordKind, data: &impl Serialize) -> Result<Box<RawValue>, JournalError> {
-    // `to_raw_value` keeps the text serde_json wrote; `RawValue::from_string` would parse it all
-    // again to check it.
-    let text = serde_json::value::to_raw_value(data)
+    let text = crate::protocol::json::to_raw_value(data)
         .map_err(|e| JournalError::Failed(format!("a {kind} record cannot be encoded: {e}")))?;
     if !text.get().starts_with('{') {
         return Err(JournalError::Failed(format!(
