@@ -450,57 +450,30 @@ impl<'a, 'b> Compound<'a, 'b> {
     }
 }
 
-impl ser::SerializeSeq for Compound<'_, '_> {
-    type Ok = ();
-    type Error = Error;
+/// The four ways serde hands over an array's elements, all written by [`Compound::element`].
+macro_rules! array_like {
+    ($($serialize_trait:ident :: $method:ident),*) => {$(
+        impl ser::$serialize_trait for Compound<'_, '_> {
+            type Ok = ();
+            type Error = Error;
 
-    fn serialize_element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Error> {
-        self.element(value)
-    }
+            fn $method<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Error> {
+                self.element(value)
+            }
 
-    fn end(self) -> Result<(), Error> {
-        self.finish()
-    }
+            fn end(self) -> Result<(), Error> {
+                self.finish()
+            }
+        }
+    )*};
 }
 
-impl ser::SerializeTuple for Compound<'_, '_> {
-    type Ok = ();
-    type Error = Error;
-
-    fn serialize_element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Error> {
-        self.element(value)
-    }
-
-    fn end(self) -> Result<(), Error> {
-        self.finish()
-    }
-}
-
-impl ser::SerializeTupleStruct for Compound<'_, '_> {
-    type Ok = ();
-    type Error = Error;
-
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Error> {
-        self.element(value)
-    }
-
-    fn end(self) -> Result<(), Error> {
-        self.finish()
-    }
-}
-
-impl ser::SerializeTupleVariant for Compound<'_, '_> {
-    type Ok = ();
-    type Error = Error;
-
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Error> {
-        self.element(value)
-    }
-
-    fn end(self) -> Result<(), Error> {
-        self.finish()
-    }
-}
+array_like!(
+    SerializeSeq::serialize_element,
+    SerializeTuple::serialize_element,
+    SerializeTupleStruct::serialize_field,
+    SerializeTupleVariant::serialize_field
+);
 
 impl ser::SerializeMap for Compound<'_, '_> {
     type Ok = ();
@@ -525,39 +498,29 @@ impl ser::SerializeMap for Compound<'_, '_> {
     }
 }
 
-impl ser::SerializeStruct for Compound<'_, '_> {
-    type Ok = ();
-    type Error = Error;
+/// The two ways serde hands over a struct's fields, both written by [`Compound::field`].
+macro_rules! struct_like {
+    ($($serialize_trait:ident),*) => {$(
+        impl ser::$serialize_trait for Compound<'_, '_> {
+            type Ok = ();
+            type Error = Error;
 
-    fn serialize_field<T: Serialize + ?Sized>(
-        &mut self,
-        key: &'static str,
-        value: &T,
-    ) -> Result<(), Error> {
-        self.field(key, value)
-    }
+            fn serialize_field<T: Serialize + ?Sized>(
+                &mut self,
+                key: &'static str,
+                value: &T,
+            ) -> Result<(), Error> {
+                self.field(key, value)
+            }
 
-    fn end(self) -> Result<(), Error> {
-        self.finish()
-    }
+            fn end(self) -> Result<(), Error> {
+                self.finish()
+            }
+        }
+    )*};
 }
 
-impl ser::SerializeStructVariant for Compound<'_, '_> {
-    type Ok = ();
-    type Error = Error;
-
-    fn serialize_field<T: Serialize + ?Sized>(
-        &mut self,
-        key: &'static str,
-        value: &T,
-    ) -> Result<(), Error> {
-        self.field(key, value)
-    }
-
-    fn end(self) -> Result<(), Error> {
-        self.finish()
-    }
-}
+struct_like!(SerializeStruct, SerializeStructVariant);
 
 /// Writes what must be a string: a map key (`raw: false`), or the text of a `RawValue`, which
 /// hands it over as a string to be copied as it is (`raw: true`). A map key that is a number,
