@@ -50,8 +50,7 @@ pub fn write<T: Serialize + ?Sized>(out: &mut Vec<u8>, value: &T) -> Result<(), 
 /// # Errors
 /// As [`write`].
 pub fn to_string<T: Serialize + ?Sized>(value: &T) -> Result<String, Error> {
-    let mut out = Vec::with_capacity(super::TYPICAL_ENCODED_LEN);
-    write(&mut out, value)?;
+    let out = super::to_json_vec(value)?;
     // Only whole `&str`s, ASCII punctuation and ASCII escapes went in.
     String::from_utf8(out).map_err(|e| Error(format!("the encoder wrote invalid UTF-8: {e}")))
 }
