@@ -26,14 +26,15 @@
 //! - **Flushing** (leader/follower). Placed frames wait in the log's queue, in log order. One
 //!   thread at a time holds the flusher (the active segment): it takes the whole queue, writes it
 //!   with positioned writes (taking what was queued meanwhile too), calls `sync_data` once, lets
-//!   go of the flusher, runs the callbacks it covered, and looks at the queue again. A thread in
-//!   [`Journal::append_durable`] flushes its own frame this way when nobody else is flushing, so
-//!   at one record in flight a durable append costs a write and an `fdatasync` on the caller's
-//!   thread and no hand-off; when somebody is flushing it waits for that thread. Frames appended
-//!   with [`Journal::append`], `create` and `delete` wake the writer thread (`brain-journal`),
-//!   which flushes until the queue is empty; a caller of `append_durable` that finds the queue
-//!   refilled after its flush wakes the writer too, so under load the writer carries the batches,
-//!   which grow with load (group commit), and callers go back to their own work. Before a new segment is started the old one is flushed, the
+//!   go of the flusher, runs the callbacks it covered, and looks at the queue again. A thread
+//!   appending a durable record ([`Journal::append_durable`], an effect record) whose frame is
+//!   the only one queued flushes it this way when nobody else is flushing, so at one record in
+//!   flight a durable append costs a write and an `fdatasync` on the caller's thread and no
+//!   hand-off. When other frames are queued too, it wakes the writer thread (`brain-journal`)
+//!   instead and goes back to its work (or waits, in `append_durable`). Frames appended with
+//!   [`Journal::append`], `create` and `delete` always wake the writer, which flushes until the
+//!   queue is empty; so under load the writer carries the batches, which grow with load (group
+//!   commit). Before a new segment is started the old one is flushed, the
 //!   new file created and the directory fsynced, so only the last segment can ever have a torn
 //!   tail. A failed write or flush is fatal: it is logged, never retried, every waiting callback
 //!   and every later append, create, delete and flush fails with `journal_failed`.
@@ -1451,18 +1452,15 @@ impl Shared {
         self.wake.notify_one();
     }
 
-    /// Blocks until everything up to `end` is durable, flushing on this thread if nobody else
-    /// is flushing.
+    /// Blocks until everything up to `end` is durable, flushing on this thread if its frame is
+    /// alone (see [`Shared::flush_or_hand_off`]).
     fn flush_through(&self, end: u64) -> Result<(), JournalError> {
-        if self.try_flush() {
-            // Under load the writer thread carries the batches, so that this caller gets back
-            // to its own work after one flush.
-            self.wake_writer();
-        }
+        self.flush_or_hand_off();
         if end <= self.durable.load(Ordering::Acquire) {
             return Ok(());
         }
-        // Another thread is flushing; it looks at the queue again when it is done.
+        // Another thread is flushing; it looks at the queue again when it is done, or the
+        // writer was woken.
         let (promise, expected) = crate::handoff::oneshot();
         self.register(end, Box::new(move |result| promise.deliver(result)));
         expected.wait().unwrap_or_else(|| {
@@ -1472,12 +1470,26 @@ impl Shared {
         })
     }
 
-    /// Calls `done` once everything up to `end` is durable, flushing on this thread if nobody
-    /// else is flushing (then `done` runs here), and otherwise leaving it to the thread that is,
-    /// which looks at the queue again when it is done: this thread never waits.
+    /// Calls `done` once everything up to `end` is durable, flushing on this thread if its
+    /// frame is alone (then `done` runs here), and otherwise leaving it to the writer thread or
+    /// to the thread that is flushing: this thread never waits.
     fn flush_then(&self, end: u64, done: DurableCallback) {
         self.register(end, done);
-        if self.try_flush() {
+        self.flush_or_hand_off();
+    }
+
+    /// Gets the frames queued so far flushed. A frame queued alone is flushed on this thread if
+    /// nobody else is flushing: at one record in flight that costs one write and one `fdatasync`
+    /// here, with no hand-off to another thread and back. When other frames wait too, the writer
+    /// thread is woken to carry the batch and this thread goes back to its own work: under load
+    /// one thread flushes batch after batch, while the threads that append keep appending, and
+    /// the batches grow with the load (group commit). Letting each appender flush whenever the
+    /// flusher was free instead spread the flushes over the callback threads, each of which then
+    /// slept in `fdatasync` and ran the batch's callbacks; durable model callbacks at 64
+    /// sessions were about 15 % slower that way (docs/BENCHMARKS.md).
+    fn flush_or_hand_off(&self) {
+        let alone = self.log.lock().queue.len() <= 1;
+        if !alone || self.try_flush() {
             self.wake_writer();
         }
     }
