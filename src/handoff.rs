@@ -21,6 +21,12 @@ use std::sync::Arc;
 ///
 /// Unbounded: producers never block. [`close`](Self::close) makes later pushes fail and wakes every
 /// waiting consumer once the queue is drained.
+///
+/// Wake-ups are chained: a push wakes a consumer only when it makes the queue non-empty, and a
+/// consumer that takes an item and leaves others behind wakes the next consumer before it works
+/// on its own. A producer that queues a burst (the journal's thread, making a batch of effects
+/// durable) thus pays for one wake-up instead of one per item, and the others are paid by the
+/// consumers, in parallel; every item still gets a consumer of its own as soon as one is free.
 pub(crate) struct WorkQueue<T> {
     state: Mutex<QueueState<T>>,
     ready: Condvar,
@@ -29,6 +35,8 @@ pub(crate) struct WorkQueue<T> {
 struct QueueState<T> {
     items: VecDeque<T>,
     closed: bool,
+    /// Consumers blocked in [`WorkQueue::pop`] (the tests wait for them).
+    waiting: usize,
 }
 
 impl<T> WorkQueue<T> {
@@ -38,20 +46,25 @@ impl<T> WorkQueue<T> {
             state: Mutex::new(QueueState {
                 items: VecDeque::new(),
                 closed: false,
+                waiting: 0,
             }),
             ready: Condvar::new(),
         }
     }
 
-    /// Queues `item` and wakes one waiting consumer. Gives the item back when the queue is closed.
+    /// Queues `item`, waking a waiting consumer if the queue was empty (see the type's docs).
+    /// Gives the item back when the queue is closed.
     pub(crate) fn push(&self, item: T) -> Result<(), T> {
         let mut state = self.state.lock();
         if state.closed {
             return Err(item);
         }
+        let was_empty = state.items.is_empty();
         state.items.push_back(item);
         drop(state);
-        self.ready.notify_one();
+        if was_empty {
+            self.ready.notify_one();
+        }
         Ok(())
     }
 
@@ -61,13 +74,27 @@ impl<T> WorkQueue<T> {
         let mut state = self.state.lock();
         loop {
             if let Some(item) = state.items.pop_front() {
+                let more = !state.items.is_empty();
+                drop(state);
+                if more {
+                    // The next item's consumer is woken here, not by its producer (see above).
+                    self.ready.notify_one();
+                }
                 return Some(item);
             }
             if state.closed {
                 return None;
             }
+            state.waiting += 1;
             self.ready.wait(&mut state);
+            state.waiting -= 1;
         }
+    }
+
+    /// How many consumers are blocked in [`WorkQueue::pop`].
+    #[cfg(test)]
+    fn waiting(&self) -> usize {
+        self.state.lock().waiting
     }
 
     /// Refuses further pushes. Items already queued are still handed out.
@@ -239,5 +266,53 @@ mod tests {
         started.recv_timeout(Duration::from_secs(10)).unwrap();
         queue.close();
         assert_eq!(consumer.join().unwrap(), None);
+    }
+
+    /// A burst wakes one consumer; the chain must still give every item a consumer of its own.
+    /// Each item here is held until all four are held at once, which only four consumers
+    /// working in parallel can do.
+    #[test]
+    fn a_burst_pushed_to_sleeping_consumers_is_worked_on_in_parallel() {
+        const CONSUMERS: usize = 4;
+        let queue = Arc::new(WorkQueue::new());
+        let held = Arc::new((Mutex::new(0usize), Condvar::new()));
+        let consumers: Vec<_> = (0..CONSUMERS)
+            .map(|_| {
+                let (queue, held) = (queue.clone(), held.clone());
+                std::thread::spawn(move || {
+                    let Some(_item) = queue.pop() else {
+                        return false;
+                    };
+                    let (count, all_held) = &*held;
+                    let mut count = count.lock();
+                    *count += 1;
+                    all_held.notify_all();
+                    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+                    while *count < CONSUMERS {
+                        if all_held.wait_until(&mut count, deadline).timed_out() {
+                            return false;
+                        }
+                    }
+                    true
+                })
+            })
+            .collect();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while queue.waiting() < CONSUMERS {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the consumers never blocked"
+            );
+            std::thread::yield_now();
+        }
+        for n in 0..CONSUMERS as u32 {
+            queue.push(n).unwrap();
+        }
+        for consumer in consumers {
+            assert!(
+                consumer.join().unwrap(),
+                "an item waited for a busy consumer"
+            );
+        }
     }
 }
