@@ -175,8 +175,9 @@ impl<T> Expected<T> {
     /// Before parking, the waiter gives up its CPU [`YIELDS_BEFORE_PARKING`] times, looking for
     /// the value after each: an answer usually comes from a thread that is already runnable, and
     /// picking it up that way spares the futex sleep and wake-up. Parking at once halved the
-    /// throughput of `kv.get` callbacks at 64 in flight (68,000/s against 133,000/s with the
-    /// yields; docs/BENCHMARKS.md).
+    /// throughput of `kv.get` callbacks at 64 in flight on the host of 2026-12-03 (68,000/s
+    /// against 133,000/s with the yields); on that of 2026-12-05 it made no difference either
+    /// way (docs/BENCHMARKS.md).
     pub(crate) fn wait(self) -> Option<T> {
         for _ in 0..YIELDS_BEFORE_PARKING {
             if !matches!(*self.shared.state.lock(), Slot::Waiting) {
