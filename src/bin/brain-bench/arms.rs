@@ -117,6 +117,21 @@ pub fn start_brain(
     Ok(brain)
 }
 
+/// The journal's records made durable per `fdatasync` so far, from Brain's metrics; `None`
+/// without a durable journal (no flush yet).
+fn records_per_flush(brain: &Brain) -> Option<f64> {
+    let metrics = brain.metrics_text();
+    let counter = |name: &str| -> Option<f64> {
+        metrics
+            .lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+            .and_then(|value| value.trim().parse().ok())
+    };
+    let flushes = counter("brain_journal_flushes_total")?;
+    let records = counter("brain_journal_records_total")?;
+    (flushes > 0.0).then(|| records / flushes)
+}
+
 /// Stops Brain. Its data directory stays until the run ends (see [`trial_dir`]).
 fn finish(brain: Brain) {
     brain.shutdown(Duration::from_secs(5));
@@ -197,7 +212,10 @@ pub fn callbacks(
             );
         }
         let rate = histogram.count() as f64 / window.measure.as_secs_f64();
-        Ok(Trial::from_histogram(&histogram, rate))
+        Ok(Trial {
+            records_per_flush: records_per_flush(&brain),
+            ..Trial::from_histogram(&histogram, rate)
+        })
     })();
     finish(brain);
     result
@@ -241,7 +259,10 @@ pub fn activations(
             }
         })?;
         let rate = histogram.count() as f64 / window.measure.as_secs_f64();
-        Ok(Trial::from_histogram(&histogram, rate))
+        Ok(Trial {
+            records_per_flush: records_per_flush(&brain),
+            ..Trial::from_histogram(&histogram, rate)
+        })
     })();
     finish(brain);
     result
@@ -423,7 +444,10 @@ pub fn turns(
     })
     .map(|histogram| {
         let rate = histogram.count() as f64 / window.measure.as_secs_f64();
-        Trial::from_histogram(&histogram, rate)
+        Trial {
+            records_per_flush: records_per_flush(&brain),
+            ..Trial::from_histogram(&histogram, rate)
+        }
     });
     match Arc::try_unwrap(brain) {
         Ok(brain) => finish(brain),

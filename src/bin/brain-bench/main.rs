@@ -471,7 +471,7 @@ fn run(options: &Options) -> Result<bool, String> {
             });
             match &result {
                 Ok(trial) => eprintln!(
-                    "round {}/{} {:<18} {:>9.0} {}/s  p50 {:>9.1} µs  p99 {:>9.1} µs  ({:.1} s, {:.2} CPUs, others {:.0} %)",
+                    "round {}/{} {:<18} {:>9.0} {}/s  p50 {:>9.1} µs  p99 {:>9.1} µs  ({:.1} s, {:.2} CPUs, others {:.0} %{})",
                     r + 1,
                     plan.rounds,
                     arm.id,
@@ -481,7 +481,11 @@ fn run(options: &Options) -> Result<bool, String> {
                     trial.p99_us,
                     trial.wall_s,
                     trial.cpus_used,
-                    trial.other_share * 100.0
+                    trial.other_share * 100.0,
+                    trial
+                        .records_per_flush
+                        .map(|r| format!(", {r:.1} records/flush"))
+                        .unwrap_or_default()
                 ),
                 Err(error) => {
                     eprintln!(
@@ -514,6 +518,10 @@ fn run(options: &Options) -> Result<bool, String> {
             wall_s: done.iter().map(|t| t.wall_s).sum(),
             cpus_used: median(&done.iter().map(|t| t.cpus_used).collect::<Vec<_>>()),
             other_share: median(&done.iter().map(|t| t.other_share).collect::<Vec<_>>()),
+            records_per_flush: {
+                let batching: Vec<f64> = done.iter().filter_map(|t| t.records_per_flush).collect();
+                (!batching.is_empty()).then(|| median(&batching))
+            },
         };
         let ratios: Vec<f64> = (0..plan.rounds)
             .filter_map(|r| {

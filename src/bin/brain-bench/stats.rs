@@ -137,6 +137,9 @@ pub struct Trial {
     pub cpus_used: f64,
     /// Share of the machine's CPU time used by anything else during it.
     pub other_share: f64,
+    /// Brain's durable arms: the journal's records made durable per `fdatasync` over the whole
+    /// trial (warm-up included), from Brain's metrics: how well group commit batched.
+    pub records_per_flush: Option<f64>,
 }
 
 impl Trial {
@@ -160,6 +163,7 @@ impl Trial {
             "wall_s": round(self.wall_s, 2),
             "cpus_used": round(self.cpus_used, 2),
             "other_share": round(self.other_share, 3),
+            "records_per_flush": self.records_per_flush.map(|r| round(r, 1)),
         })
     }
 }
