@@ -1714,9 +1714,7 @@ fn write_out(shared: &Shared, target: &mut Current, buffer: &mut Vec<u8>) -> Res
         .bytes
         .fetch_add(buffer.len() as u64, Ordering::Relaxed);
     buffer.clear();
-    if target.zeroed < target.end + (ZERO_AHEAD - ZERO_STEP as u64) {
-        zero_ahead(shared, target);
-    }
+    zero_ahead(shared, target);
     let end = u32::try_from(target.end).map_err(|_| "a segment beyond 4 GiB".to_owned())?;
     shared
         .written
@@ -1724,12 +1722,16 @@ fn write_out(shared: &Shared, target: &mut Current, buffer: &mut Vec<u8>) -> Res
     Ok(())
 }
 
-/// Writes zeros after those already past the segment's last frame, up to [`ZERO_AHEAD`] bytes
-/// past it (not past the segment size), [`ZERO_STEP`] bytes a write. Best effort: if the disk is
-/// full the frames still go in where the zeros reached, and only a failed write of a frame fails
-/// the journal.
+/// Tops up the zeros past the segment's last frame once fewer than `ZERO_AHEAD - ZERO_STEP`
+/// bytes of them are left: up to [`ZERO_AHEAD`] bytes past it (never past the segment size),
+/// [`ZERO_STEP`] bytes a write. Best effort: if the disk is full the frames still go in where
+/// the zeros reached, and only a failed write of a frame fails the journal.
 fn zero_ahead(shared: &Shared, target: &mut Current) {
-    let want = (target.end + ZERO_AHEAD).min(shared.options.segment_size);
+    let size = shared.options.segment_size;
+    if target.zeroed >= (target.end + (ZERO_AHEAD - ZERO_STEP as u64)).min(size) {
+        return;
+    }
+    let want = (target.end + ZERO_AHEAD).min(size);
     let mut at = target.zeroed.max(target.end);
     while at < want {
         // At most ZERO_STEP bytes: fits in usize.
