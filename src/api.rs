@@ -439,25 +439,30 @@ impl Session {
     /// native state directory is removed. Afterwards the id answers `unknown_session`. Refuses
     /// `session_busy`, and `invalid_request` for a session that is still open or passivated.
     pub fn delete(&self) -> Result<(), ApiError> {
-        let state_dir = request(&self.commands, |reply| Command::Delete {
+        let dirs = request(&self.commands, |reply| Command::Delete {
             session: self.id.clone(),
             reply,
         })?;
-        // The deletion must be durable before the native state goes: a crash in between must not
-        // bring back a session whose state directory is gone.
+        // The deletion must be durable before the native state and the workspaces go: a crash in
+        // between must not bring back a session whose directories are gone.
         self.journal
             .sync()
             .map_err(|error| ApiError::new(error.code(), error.to_string()))?;
-        match std::fs::remove_dir_all(&state_dir) {
-            Ok(()) => Ok(()),
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(error) => Err(ApiError::new(
-                ErrorCode::JournalFailed,
-                format!(
-                    "session deleted, but removing {} failed: {error}",
-                    state_dir.display()
-                ),
-            )),
+        for dir in dirs.iter().filter(|dir| !dir.as_os_str().is_empty()) {
+            match std::fs::remove_dir_all(dir) {
+                Ok(()) => {}
+                Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+                Err(error) => {
+                    return Err(ApiError::new(
+                        ErrorCode::JournalFailed,
+                        format!(
+                            "session deleted, but removing {} failed: {error}",
+                            dir.display()
+                        ),
+                    ));
+                }
+            }
         }
+        Ok(())
     }
 }

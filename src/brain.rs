@@ -95,6 +95,8 @@ enum StartErrorKind {
     DataDir(crate::datadir::DataDirError),
     Config(ConfigError),
     Refused(StartupRefusal),
+    /// A registration asks for `"sandbox": true` and bubblewrap cannot sandbox here.
+    Sandbox(crate::sandbox::SandboxUnavailable),
     Io(String, std::io::Error),
     Aborted,
 }
@@ -104,7 +106,9 @@ impl StartError {
     /// operating-system failure.
     pub fn is_configuration(&self) -> bool {
         match &self.kind {
-            StartErrorKind::Config(_) | StartErrorKind::Refused(_) => true,
+            StartErrorKind::Config(_) | StartErrorKind::Refused(_) | StartErrorKind::Sandbox(_) => {
+                true
+            }
             StartErrorKind::DataDir(error) => error.is_configuration(),
             StartErrorKind::Io(..) | StartErrorKind::Aborted => false,
         }
@@ -124,7 +128,10 @@ impl StartError {
                 | StartupRefusal::UndeclaredKey { registration, .. }
                 | StartupRefusal::Binding { registration, .. },
             ) => Some(registration),
-            StartErrorKind::Io(..) | StartErrorKind::Aborted | StartErrorKind::DataDir(_) => None,
+            StartErrorKind::Io(..)
+            | StartErrorKind::Aborted
+            | StartErrorKind::DataDir(_)
+            | StartErrorKind::Sandbox(_) => None,
         }
     }
 }
@@ -147,6 +154,10 @@ impl fmt::Display for StartError {
             ),
             StartErrorKind::Io(what, error) => write!(f, "{what}: {error}"),
             StartErrorKind::DataDir(error) => write!(f, "{error}"),
+            StartErrorKind::Sandbox(why) => write!(
+                f,
+                "a registration runs its workers sandboxed, but the sandbox cannot run here: {why}"
+            ),
             StartErrorKind::Aborted => f.write_str("startup was aborted by a shutdown"),
         }
     }
@@ -267,6 +278,21 @@ impl Brain {
             let program = registration.resolve_command(&cwd)?;
             resolved.push((registration.clone(), program));
         }
+        let bubblewrap = if resolved
+            .iter()
+            .any(|(registration, _)| registration.sandbox)
+        {
+            match crate::sandbox::Bubblewrap::probe() {
+                Ok(bubblewrap) => Some(bubblewrap),
+                Err(why) => {
+                    return Err(StartError {
+                        kind: StartErrorKind::Sandbox(why),
+                    });
+                }
+            }
+        } else {
+            None
+        };
         let mut options = config.options;
         options.data_dir = cwd.join(&options.data_dir);
         let mut disk = None;
@@ -376,7 +402,8 @@ impl Brain {
             timer.clone(),
             board.clone(),
             datadir,
-        );
+        )
+        .with_bubblewrap(bubblewrap);
         let dispatcher = Dispatcher {
             pool,
             sessions: Default::default(),
@@ -490,10 +517,12 @@ impl Brain {
             .join("agentloops")
             .join(&request.agentloop.name)
             .join(id.as_str());
+        let workspace_dir = self.options.data_dir.join("workspaces").join(id.as_str());
         let info: SessionInfo = api::request(&self.commands, |reply| Command::Create {
             id: id.clone(),
             request: Box::new(request),
             state_dir,
+            workspace_dir,
             reply,
         })?;
         let created = std::os::unix::fs::DirBuilderExt::mode(

@@ -885,7 +885,7 @@ fn perform_tool(
         incarnation,
         tool: &input.name,
         input: &input.input,
-        working_dir: &job.spec.state_dir,
+        workspace_dir: &job.spec.workspace_dir,
     };
     let result = match driver.call_tool(&call, &job.cancel) {
         Ok(result) => result,

@@ -64,7 +64,7 @@ const SHOWN_PATH: usize = 256;
 const SHOWN_TRIED: usize = 8;
 
 /// The keys a registration object may contain.
-const KEYS: [&str; 7] = [
+const KEYS: [&str; 8] = [
     "command",
     "args",
     "configuration",
@@ -72,6 +72,7 @@ const KEYS: [&str; 7] = [
     "max_concurrency",
     "env",
     "cwd",
+    "sandbox",
 ];
 
 /// One named harness command: what to run and how many of it.
@@ -102,6 +103,10 @@ pub struct Registration {
     /// The harness's working directory (an extension to the seed), as written: non-empty, without
     /// NUL bytes. `None`, the default, means Brain's own working directory.
     pub cwd: Option<PathBuf>,
+    /// Whether each worker runs under bubblewrap (`"sandbox": true`), seeing its own
+    /// `agentloops/<name>/` read-write and nothing else of the data directory (docs/SECURITY.md).
+    /// Brain refuses to start when bubblewrap cannot sandbox on the host. Default: false.
+    pub sandbox: bool,
 }
 
 impl Registration {
@@ -118,6 +123,7 @@ impl Registration {
             max_concurrency: DEFAULT_MAX_CONCURRENCY,
             env: BTreeMap::new(),
             cwd: None,
+            sandbox: false,
         }
     }
 
@@ -157,6 +163,13 @@ impl Registration {
     #[must_use]
     pub fn env(mut self, name: impl Into<String>, value: impl Into<String>) -> Registration {
         self.env.insert(name.into(), value.into());
+        self
+    }
+
+    /// Runs the workers under bubblewrap, or not.
+    #[must_use]
+    pub fn sandbox(mut self, sandbox: bool) -> Registration {
+        self.sandbox = sandbox;
         self
     }
 
@@ -820,6 +833,16 @@ fn registration_from_json(name: String, raw: Raw<Raw<Value>>) -> Result<Registra
             }
             "env" => json_env(value).map(|value| reg.env = value),
             "cwd" => json_string(value).map(|value| reg.cwd = Some(PathBuf::from(value))),
+            "sandbox" => match value {
+                Raw::Other(Value::Bool(sandbox)) => {
+                    reg.sandbox = sandbox;
+                    Ok(())
+                }
+                other => Err(Kind::WrongType {
+                    expected: "true or false",
+                    got: preview(&other.into_value()),
+                }),
+            },
             _ => Err(Kind::UnknownKey),
         };
         result.map_err(|kind| fail(Some(field), kind))?;

@@ -185,8 +185,8 @@ impl DataDir {
         self.root.join("journal")
     }
 
-    /// Removes the native state directories (`agentloops/<registration>/<session id>/`) of
-    /// sessions the journal does not hold, and returns how many it removed. Such a directory is
+    /// Removes the native state directories (`agentloops/<registration>/<session id>/`) and the
+    /// workspaces (`workspaces/<session id>/`) of sessions the journal does not hold, and returns how many it removed. Such a directory is
     /// left when Brain stops between a session's durable deletion and the removal of its state
     /// (the deletion is made durable first, so that a crash never brings back a session without
     /// its state), or when a session's creation never became durable. Entries whose names are
@@ -195,32 +195,34 @@ impl DataDir {
     /// For startup, before any session can be created: `live` must be every session the journal
     /// holds, readable or not. A directory that cannot be listed or removed is logged and kept.
     pub(crate) fn remove_orphaned_state(&self, live: &HashSet<SessionId>) -> usize {
-        let agentloops = self.root.join("agentloops");
+        let states = read_dirs(&self.root.join("agentloops"))
+            .into_iter()
+            .flat_map(|registration| read_dirs(&registration));
+        // A session's workspaces (`workspaces/<id>`) go with it, like its native state.
+        let workspaces = read_dirs(&self.root.join("workspaces"));
         let mut removed = 0;
-        for registration in read_dirs(&agentloops) {
-            for state in read_dirs(&registration) {
-                let orphan = state
-                    .file_name()
-                    .and_then(|name| name.to_str())
-                    .and_then(|name| SessionId::parse(name).ok())
-                    .is_some_and(|id| !live.contains(&id));
-                if !orphan {
-                    continue;
-                }
-                match fs::remove_dir_all(&state) {
-                    Ok(()) => {
-                        log::warn!(
-                            "removed {}: the state of a session the journal does not hold \
-                             (deleted, or never durably created)",
-                            state.display()
-                        );
-                        removed += 1;
-                    }
-                    Err(error) => log::error!(
-                        "removing {}, the state of a session the journal does not hold: {error}",
+        for state in states.chain(workspaces) {
+            let orphan = state
+                .file_name()
+                .and_then(|name| name.to_str())
+                .and_then(|name| SessionId::parse(name).ok())
+                .is_some_and(|id| !live.contains(&id));
+            if !orphan {
+                continue;
+            }
+            match fs::remove_dir_all(&state) {
+                Ok(()) => {
+                    log::warn!(
+                        "removed {}: the state of a session the journal does not hold \
+                         (deleted, or never durably created)",
                         state.display()
-                    ),
+                    );
+                    removed += 1;
                 }
+                Err(error) => log::error!(
+                    "removing {}, the state of a session the journal does not hold: {error}",
+                    state.display()
+                ),
             }
         }
         removed

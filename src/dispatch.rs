@@ -44,6 +44,8 @@ pub(crate) enum Command {
         id: SessionId,
         request: Box<CreateSession>,
         state_dir: PathBuf,
+        /// Where the session's tools work: `<data>/workspaces/<id>`, one directory per environment.
+        workspace_dir: PathBuf,
         reply: Reply<SessionInfo>,
     },
     /// Start an activation.
@@ -69,10 +71,11 @@ pub(crate) enum Command {
         session: SessionId,
         reply: Reply<SessionInfo>,
     },
-    /// Delete a session; answers with its state directory for the caller to remove.
+    /// Delete a session; answers with its state and workspace directories for the caller to
+    /// remove once the deletion is durable.
     Delete {
         session: SessionId,
-        reply: Reply<PathBuf>,
+        reply: Reply<[PathBuf; 2]>,
     },
     /// Append a client event for the harness to see at its next activation.
     ClientEvent {
@@ -319,8 +322,9 @@ impl Dispatcher {
                 id,
                 request,
                 state_dir,
+                workspace_dir,
                 reply,
-            } => self.create_session(id, *request, state_dir, reply),
+            } => self.create_session(id, *request, [state_dir, workspace_dir], reply),
             Command::Send {
                 session,
                 input,

@@ -22,6 +22,7 @@ pub mod effects;
 #[doc(hidden)]
 pub mod fuzzing;
 mod handoff;
+pub mod hardening;
 pub mod harness;
 mod heap;
 pub mod http;
@@ -31,6 +32,7 @@ mod options;
 mod pool;
 pub mod protocol;
 mod recovery;
+pub mod sandbox;
 pub mod session;
 mod sessions;
 pub mod status;

@@ -248,6 +248,8 @@ pub(crate) struct Pool {
     happenings: Vec<Happening>,
     /// The data directory identities are bound to; `None` when nothing is written (ephemeral).
     datadir: Option<Arc<DataDir>>,
+    /// Runs the workers of `"sandbox": true` registrations; present when any exists.
+    bubblewrap: Option<crate::sandbox::Bubblewrap>,
 }
 
 impl Pool {
@@ -301,6 +303,7 @@ impl Pool {
             jitter: Jitter::seeded(),
             happenings: Vec::new(),
             datadir,
+            bubblewrap: None,
         }
     }
 
@@ -452,15 +455,44 @@ impl Pool {
 
     // ----- spawning -----
 
+    /// Runs the workers of `"sandbox": true` registrations under `bubblewrap`.
+    pub(crate) fn with_bubblewrap(
+        mut self,
+        bubblewrap: Option<crate::sandbox::Bubblewrap>,
+    ) -> Pool {
+        self.bubblewrap = bubblewrap;
+        self
+    }
+
     fn spawn(&mut self, r: usize, s: usize) {
         let label = self.label(r, s);
         let reg = &self.registrations[r];
-        let spec = SpawnSpec {
+        let mut spec = SpawnSpec {
             program: reg.program.clone(),
             args: reg.registration.args.clone(),
             env: self.worker_env(r, s),
             cwd: reg.registration.cwd.clone(),
         };
+        if reg.registration.sandbox
+            && let Some(bubblewrap) = &self.bubblewrap
+        {
+            // Its state root must exist to be mounted; a failure shows as the worker's own.
+            if let Err(error) = std::os::unix::fs::DirBuilderExt::mode(
+                std::fs::DirBuilder::new().recursive(true),
+                0o700,
+            )
+            .create(&reg.state_root)
+            {
+                log::warn!("creating {}: {error}", reg.state_root.display());
+            }
+            spec.args = bubblewrap.worker_command(
+                &self.options.data_dir,
+                &reg.state_root,
+                &spec.program,
+                &spec.args,
+            );
+            spec.program = bubblewrap.program().to_path_buf();
+        }
         let slot = &mut self.registrations[r].slots[s];
         slot.generation += 1;
         slot.state = WorkerState::Starting;

@@ -268,6 +268,7 @@ pub(crate) fn state_from(
         .collect();
     let spec = SessionSpec {
         state_dir: data_dir.join("agentloops").join(&name).join(id.as_str()),
+        workspace_dir: data_dir.join("workspaces").join(id.as_str()),
         registration: name,
         request,
         model,

@@ -93,6 +93,8 @@ pub(crate) struct SessionSpec {
     /// Deployment configuration merged with the session's.
     pub(crate) configuration: Map<String, Value>,
     pub(crate) state_dir: PathBuf,
+    /// `<data>/workspaces/<id>`: the parent of each environment's workspace, where its tools run.
+    pub(crate) workspace_dir: PathBuf,
 }
 
 /// Stored lifecycle status; `interrupted` is derived from the marker.
@@ -405,10 +407,10 @@ impl Dispatcher {
         &mut self,
         id: SessionId,
         request: CreateSession,
-        state_dir: PathBuf,
+        dirs: [PathBuf; 2],
         reply: Reply<SessionInfo>,
     ) {
-        match self.admit_session(id, request, state_dir) {
+        match self.admit_session(id, request, dirs) {
             Ok((id, last)) => self.when_durable(
                 &id.clone(),
                 last,
@@ -424,7 +426,7 @@ impl Dispatcher {
         &mut self,
         id: SessionId,
         request: CreateSession,
-        state_dir: PathBuf,
+        [state_dir, workspace_dir]: [PathBuf; 2],
     ) -> Result<(SessionId, u64), ApiError> {
         if self.stopping.is_some() {
             return Err(ApiError::shutting_down());
@@ -526,6 +528,7 @@ impl Dispatcher {
             model,
             configuration,
             state_dir,
+            workspace_dir,
             request,
         };
         log::info!(
@@ -1708,7 +1711,7 @@ impl Dispatcher {
         }
     }
 
-    pub(crate) fn delete(&mut self, id: &SessionId) -> Result<PathBuf, ApiError> {
+    pub(crate) fn delete(&mut self, id: &SessionId) -> Result<[PathBuf; 2], ApiError> {
         let session = self.session(id)?;
         if session.active.is_some() {
             return Err(api(
@@ -1727,14 +1730,14 @@ impl Dispatcher {
         if status == SessionStatus::Interrupted {
             self.send_close(id, CloseReason::Deleted);
         }
-        let state_dir = self
+        let dirs = self
             .sessions
             .remove(id)
-            .map(|s| s.spec.state_dir.clone())
+            .map(|s| [s.spec.state_dir.clone(), s.spec.workspace_dir.clone()])
             .unwrap_or_default();
         self.let_go_of_memory();
         log::info!("session {id}: deleted");
-        Ok(state_dir)
+        Ok(dirs)
     }
 }
 

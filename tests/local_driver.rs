@@ -48,12 +48,12 @@ fn sh(script: &str) -> Value {
     json!({ "command": ["/bin/sh", "-c", script] })
 }
 
-/// Runs tool `tool` of `environment` with `input` in `working_dir`.
+/// Runs tool `tool` of `environment` with `input`, the session's workspaces in `workspace_dir`.
 fn call_in(
     environment: &EnvironmentSpec,
     tool: &str,
     input: &Value,
-    working_dir: &Path,
+    workspace_dir: &Path,
     cancel: &CancelToken,
 ) -> Result<ToolResult, EffectError> {
     let session = SessionId::parse("ses_0123456789ABCDEFGHIJ").expect("a valid id");
@@ -64,7 +64,7 @@ fn call_in(
         incarnation: 1,
         tool,
         input,
-        working_dir,
+        workspace_dir,
     };
     LocalDriver::new().call_tool(&call, cancel)
 }
@@ -181,21 +181,22 @@ fn the_input_arrives_on_stdin_as_json() {
 }
 
 #[test]
-fn the_tool_runs_in_the_working_directory_created_private() {
+fn the_tool_runs_in_its_environments_workspace_created_private() {
     let base = temp_dir("cwd");
-    let working_dir = base.join("sessions").join("ses_x");
+    let workspace_dir = base.join("workspaces").join("ses_x");
     let result = call_in(
         &environment(json!({"command": ["pwd"]})),
         "t",
         &json!({}),
-        &working_dir,
+        &workspace_dir,
         &CancelToken::new(),
     )
     .expect("ran");
     assert_eq!(result.outcome, ToolOutcome::Ok);
-    let expected = working_dir.canonicalize().expect("it was created");
+    let workspace = workspace_dir.join("host");
+    let expected = workspace.canonicalize().expect("it was created");
     assert_eq!(texts(&result), [format!("{}\n", expected.display())]);
-    for dir in [base.join("sessions"), working_dir] {
+    for dir in [base.join("workspaces"), workspace_dir, workspace] {
         let mode = std::fs::metadata(&dir)
             .expect("exists")
             .permissions()
@@ -223,14 +224,17 @@ fn the_tool_sees_only_the_allowed_environment() {
 
 #[test]
 fn a_tool_past_its_deadline_is_killed_with_its_whole_group() {
-    let dir = temp_dir("timeout");
+    let base = temp_dir("timeout");
+    // The tool works in its environment's workspace beneath the session's.
+    let dir = base.join("host");
+    std::fs::create_dir_all(&dir).expect("the workspace");
     let script = "echo $$ > leader; sleep 60 & echo $! > grandchild; echo begun; sleep 60";
     let begin = Instant::now();
     let result = call_in(
         &environment(json!({"command": ["/bin/sh", "-c", script], "timeout_ms": 200})),
         "t",
         &json!({}),
-        &dir,
+        &base,
         &CancelToken::new(),
     )
     .expect("the tool started");
@@ -276,7 +280,10 @@ fn output_past_the_cap_is_truncated_without_blocking_the_tool() {
 
 #[test]
 fn a_cancel_from_another_thread_kills_a_running_tool_promptly() {
-    let dir = temp_dir("cancel");
+    let base = temp_dir("cancel");
+    // The tool works in its environment's workspace beneath the session's.
+    let dir = base.join("host");
+    std::fs::create_dir_all(&dir).expect("the workspace");
     let fifo = dir.join("ready");
     nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).expect("mkfifo");
     let cancel = CancelToken::new();
@@ -296,7 +303,7 @@ fn a_cancel_from_another_thread_kills_a_running_tool_promptly() {
         &environment(json!({"command": ["/bin/sh", "-c", script], "timeout_ms": 60000})),
         "t",
         &json!({}),
-        &dir,
+        &base,
         &cancel,
     )
     .expect("the tool started");
@@ -317,14 +324,17 @@ fn a_cancel_from_another_thread_kills_a_running_tool_promptly() {
 
 #[test]
 fn a_call_cancelled_before_it_starts_runs_nothing() {
-    let dir = temp_dir("precancel");
+    let base = temp_dir("precancel");
+    // The tool works in its environment's workspace beneath the session's.
+    let dir = base.join("host");
+    std::fs::create_dir_all(&dir).expect("the workspace");
     let cancel = CancelToken::new();
     cancel.cancel();
     let result = call_in(
         &environment(sh("touch ran")),
         "t",
         &json!({}),
-        &dir,
+        &base,
         &cancel,
     );
     assert_eq!(result, Err(EffectError::Cancelled { sent: false }));

@@ -35,7 +35,11 @@ fn pi() -> Registration {
         "{} is missing: run `npm ci` in adapters/pi (scripts/test does)",
         installed.display()
     );
-    Registration::new("pi", "node").args([format!("{ROOT}/adapters/pi/harness.mjs")])
+    // Every test runs the worker under bubblewrap (issue 24): Pi needs nothing outside its
+    // registration's state root.
+    Registration::new("pi", "node")
+        .args([format!("{ROOT}/adapters/pi/harness.mjs")])
+        .sandbox(true)
 }
 
 fn options(tag: &str) -> Options {
@@ -552,4 +556,56 @@ fn brain_run_completes_with_the_example_registration() {
 #[test]
 fn brain_run_completes_with_a_whole_model_object() {
     brain_run_pi("pi-run-model", &["--model".into(), model(None).to_string()]);
+}
+
+#[test]
+fn pi_sandboxed_runs_a_sandboxed_tool_and_keeps_its_state_beneath_its_registration() {
+    let registrations =
+        brain::Registrations::from_vec(vec![pi().sandbox(true)]).expect("valid registrations");
+    let mut config = brain::Config::new(registrations);
+    config.options = options("pi-sandboxed");
+    let sandbox = brain::effects::SandboxDriver::probe().unwrap_or_else(|why| {
+        panic!("bubblewrap must sandbox here (scripts/test installs it): {why}")
+    });
+    config.effects = config.effects.with_driver(
+        brain::effects::SandboxDriver::NAME,
+        std::sync::Arc::new(sandbox),
+    );
+    let data = config.options.data_dir.clone();
+    let brain = Brain::start(config).unwrap_or_else(|error| panic!("Brain refused: {error}"));
+    let script = json!([
+        asks_for("lookup", json!({"word": "pi"})),
+        answers("pi is 3.14")
+    ]);
+    let mut request = with_lookup_tool(script, "cat > input.json; pwd; ls ..");
+    request["environments"][0]["driver"] = json!("sandbox");
+    let session = create(&brain, request);
+    let outcome = wait(&session.send(text("what is pi?")).unwrap());
+    assert_eq!(outcome.outcome, OutcomeKind::Completed, "{outcome:?}");
+    assert_eq!(outcome.result.expect("a result")["text"], "pi is 3.14");
+    // The tool ran in its workspace at the sandbox's fixed path, seeing nothing beside it.
+    let finished = records(&session, "tool_call_finished");
+    assert_eq!(finished[0].data["outcome"], "ok", "{:?}", finished[0].data);
+    let seen = finished[0].data["result"]["content"][0]["text"]
+        .as_str()
+        .expect("the tool's output");
+    assert!(seen.starts_with("/workspace\n"), "{seen}");
+    for hidden in ["operator.token", "journal", "agentloops", "workspaces"] {
+        assert!(
+            !seen.contains(hidden),
+            "the sandbox's root shows {hidden}: {seen}"
+        );
+    }
+    let workspace = data
+        .join("workspaces")
+        .join(session.id().as_str())
+        .join("host");
+    assert!(workspace.join("input.json").is_file());
+    // Pi's native state went where its sandbox lets it write: beneath agentloops/pi/.
+    let state = data
+        .join("agentloops")
+        .join("pi")
+        .join(session.id().as_str());
+    assert!(state.is_dir(), "{}", state.display());
+    brain.shutdown(Duration::from_secs(5));
 }

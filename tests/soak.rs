@@ -220,7 +220,7 @@ fn serve_stand_in(
 // Processes, from /proc.
 
 /// Pids (other than this process) whose working directory is inside `dir`: the soak's workers
-/// (their registration's `cwd`) and tools (the sessions' state directories).
+/// (their registration's `cwd`) and tools (the sessions' workspaces).
 fn processes_in(dir: &Path) -> Vec<u32> {
     let me = std::process::id();
     all_pids()
@@ -347,7 +347,8 @@ impl World {
         let mut configuration = fault;
         configuration["calls"] = Value::Array(calls);
         let script = format!(
-            "read -r _; printf '%s\\n' \"${{PWD##*/}}\" >> '{}'",
+            // A tool works in `workspaces/<session>/box`: it logs its session.
+            "read -r _; d=\"${{PWD%/*}}\"; printf '%s\\n' \"${{d##*/}}\" >> '{}'",
             self.tools_log.display()
         );
         json!({

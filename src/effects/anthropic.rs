@@ -94,7 +94,7 @@ impl AnthropicProvider {
     /// [`DEFAULT_BASE_URL`](Self::DEFAULT_BASE_URL)). The error names the variable, never its
     /// value.
     pub fn from_env() -> Result<AnthropicProvider, String> {
-        Self::from_vars(|name| std::env::var_os(name))
+        Self::from_vars(crate::hardening::var)
     }
 
     fn from_vars(lookup: impl Fn(&str) -> Option<OsString>) -> Result<AnthropicProvider, String> {

@@ -7,8 +7,10 @@
 //! {"tools": {"grep": {"command": ["rg", "--json"], "timeout_ms": 10000, "max_output_bytes": 65536}}}
 //! ```
 //!
-//! Each call spawns the tool's `command` afresh, in a process group of its own, in the session's
-//! working directory, with a cleared environment (only [`ALLOWED_ENV`] is passed on from Brain's,
+//! Each call spawns the tool's `command` afresh, in a process group of its own, in the
+//! environment's workspace (`<data>/workspaces/<session_id>/<environment>/`, created 0700 at the
+//! first call; or the configuration's `workspace`, which must lie inside a root the deployment
+//! allowed with [`LocalDriver::with_workspace_roots`]), with a cleared environment (only [`ALLOWED_ENV`] is passed on from Brain's,
 //! so Brain's credentials never reach a tool). The tool input arrives on stdin as one line of JSON,
 //! then stdin is closed; the tool answers on stdout with `{"content":[Block],"is_error"?}` or with
 //! plain text (taken as one text block). At its deadline, or when its call is cancelled, the whole
@@ -17,8 +19,12 @@
 //!
 //! Once the process started, every ending is a [`ToolResult`]: `ok` (exit status 0), `error`
 //! (any other exit, or death by a signal Brain did not send), `timeout` or `cancelled`. Only a tool
-//! that never started is an `Err`: an undeclared tool, an unusable working directory, a command
-//! that cannot be executed.
+//! that never started is an `Err`: an undeclared tool, an unusable workspace, a command that
+//! cannot be executed.
+//!
+//! `local` confines nothing: a tool runs as Brain's user, with the host's file system and network
+//! in reach. The [`SandboxDriver`](super::SandboxDriver) runs the same tools under bubblewrap;
+//! docs/SECURITY.md compares the two.
 
 use super::{EffectError, EnvironmentDriver, ToolCall};
 use crate::cancel::CancelToken;
@@ -30,7 +36,7 @@ use serde_json::{Map, Value};
 use std::collections::BTreeMap;
 use std::io::{self, Read, Write};
 use std::os::unix::fs::DirBuilderExt;
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 use std::process::{Child, ChildStderr, ChildStdin, ChildStdout};
 use std::sync::Arc;
 use std::thread;
@@ -74,44 +80,144 @@ const READ_CHUNK: usize = 64 * 1024;
 /// let effects = Effects::default().with_driver(LocalDriver::NAME, Arc::new(LocalDriver::new()));
 /// assert!(effects.driver("local").is_some());
 /// ```
-#[derive(Debug, Clone, Copy, Default)]
-pub struct LocalDriver;
+#[derive(Debug, Clone, Default)]
+pub struct LocalDriver {
+    roots: WorkspaceRoots,
+}
 
 impl LocalDriver {
     /// The name under which the driver is meant to be registered, and that environments name as
     /// their `driver`: `local`.
     pub const NAME: &'static str = "local";
 
-    /// The driver.
+    /// The driver; no environment may name a `workspace` of its own.
     pub fn new() -> LocalDriver {
-        LocalDriver
+        LocalDriver::default()
+    }
+
+    /// The driver, letting an environment's `workspace` name a directory inside one of `roots`
+    /// (absolute paths the deployment chose). Nothing outside them can be named.
+    pub fn with_workspace_roots(roots: Vec<PathBuf>) -> LocalDriver {
+        LocalDriver {
+            roots: WorkspaceRoots(roots.into()),
+        }
+    }
+}
+
+/// The directories inside which a deployment lets an environment's configuration place its
+/// workspace (the `workspace` key). Empty: every tool works in its session's own workspace.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct WorkspaceRoots(Arc<[PathBuf]>);
+
+impl WorkspaceRoots {
+    pub(crate) fn new(roots: Vec<PathBuf>) -> WorkspaceRoots {
+        WorkspaceRoots(roots.into())
+    }
+
+    /// Checks a configured workspace: an absolute, plain path (no `.` or `..`) inside a root.
+    fn check(&self, path: &str) -> Result<PathBuf, String> {
+        let path = Path::new(path);
+        if !path.is_absolute() {
+            return Err(format!("workspace: {path:?} is not an absolute path"));
+        }
+        if path
+            .components()
+            .any(|c| !matches!(c, Component::RootDir | Component::Normal(_)))
+        {
+            return Err(format!(
+                "workspace: {path:?} must not contain \".\" or \"..\""
+            ));
+        }
+        if self.0.iter().any(|root| path.starts_with(root)) {
+            Ok(path.to_path_buf())
+        } else if self.0.is_empty() {
+            Err(
+                "workspace: this deployment allows no workspace roots (the session's own \
+                 workspace is used when the key is left out)"
+                    .to_owned(),
+            )
+        } else {
+            Err(format!(
+                "workspace: {path:?} is not inside a workspace root this deployment allows ({})",
+                self.0
+                    .iter()
+                    .map(|root| root.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
+        }
+    }
+
+    /// Creates `workspace` and checks, with every symbolic link resolved, that it still lies
+    /// inside a root: a link planted inside a root cannot lead a later session outside it.
+    fn confirm(&self, workspace: &Path) -> Result<PathBuf, String> {
+        create_private_dir(workspace).map_err(|error| {
+            format!(
+                "cannot create the workspace {}: {error}",
+                workspace.display()
+            )
+        })?;
+        let real = workspace.canonicalize().map_err(|error| {
+            format!(
+                "cannot resolve the workspace {}: {error}",
+                workspace.display()
+            )
+        })?;
+        let inside = self
+            .0
+            .iter()
+            .any(|root| root.canonicalize().is_ok_and(|root| real.starts_with(root)));
+        if inside {
+            Ok(real)
+        } else {
+            Err(format!(
+                "the workspace {} resolves to {}, outside every allowed root",
+                workspace.display(),
+                real.display()
+            ))
+        }
     }
 }
 
 /// Checks a `local` environment's configuration, for use when a session is created: `tools` is
 /// an object mapping each tool name to `{"command": [program, args…], "timeout_ms"?,
 /// "max_output_bytes"?}`; `command` is a non-empty array of strings whose first is non-empty;
-/// `timeout_ms` and `max_output_bytes` are positive integers. Any other key is refused.
+/// `timeout_ms` and `max_output_bytes` are positive integers; `workspace`, when given, is an
+/// absolute path (checked against the driver's roots by [`EnvironmentDriver::validate`]). Any
+/// other key is refused.
 ///
 /// The error names the offending field by its path, e.g. `tools.grep.timeout_ms: must be a
 /// positive integer (milliseconds)`.
 pub fn validate_configuration(configuration: &Map<String, Value>) -> Result<(), String> {
-    parse_configuration(configuration).map(|_| ())
+    parse_configuration(configuration, LOCAL_KEYS).map(|_| ())
 }
+
+/// The keys of a `local` environment's configuration.
+const LOCAL_KEYS: &[&str] = &["tools", "workspace"];
 
 /// One declared tool, as its configuration says.
 #[derive(Debug, Clone, PartialEq)]
-struct ToolSpec {
-    command: Vec<String>,
+pub(crate) struct ToolSpec {
+    pub(crate) command: Vec<String>,
     timeout_ms: u64,
     max_output_bytes: usize,
 }
 
-fn parse_configuration(
+/// Parses the `tools` of a configuration whose keys must be among `known` (`tools` first).
+pub(crate) fn parse_configuration(
     configuration: &Map<String, Value>,
+    known: &[&str],
 ) -> Result<BTreeMap<String, ToolSpec>, String> {
-    if let Some(key) = configuration.keys().find(|key| key.as_str() != "tools") {
-        return Err(format!("{key}: unknown key (the only key is \"tools\")"));
+    if let Some(key) = configuration
+        .keys()
+        .find(|key| !known.contains(&key.as_str()))
+    {
+        return Err(format!("{key}: unknown key (known: {})", known.join(", ")));
+    }
+    if let Some(workspace) = configuration.get("workspace")
+        && !workspace.as_str().is_some_and(|path| path.starts_with('/'))
+    {
+        return Err("workspace: must be an absolute path (a string)".into());
     }
     let tools = match configuration.get("tools") {
         None => {
@@ -201,7 +307,7 @@ fn tool_failed(message: String) -> EffectError {
 
 impl EnvironmentDriver for LocalDriver {
     fn validate(&self, configuration: &Map<String, Value>) -> Result<(), String> {
-        validate_configuration(configuration)
+        check_configuration(configuration, LOCAL_KEYS, &self.roots)
     }
 
     fn call_tool(
@@ -209,35 +315,94 @@ impl EnvironmentDriver for LocalDriver {
         call: &ToolCall<'_>,
         cancel: &CancelToken,
     ) -> Result<ToolResult, EffectError> {
-        let environment = &call.environment.name;
-        let tools = parse_configuration(&call.environment.configuration).map_err(|error| {
-            tool_failed(format!(
-                "environment {environment:?} has an invalid configuration: {error}"
-            ))
-        })?;
-        let Some(spec) = tools.get(call.tool) else {
-            return Err(tool_failed(format!(
-                "environment {environment:?} declares no tool {:?}",
-                call.tool
-            )));
+        let prepared = prepare(call, LOCAL_KEYS, &self.roots, cancel)?;
+        let spawn = SpawnSpec {
+            program: PathBuf::from(&prepared.tool.command[0]),
+            args: prepared.tool.command[1..].to_vec(),
+            env: tool_environment(),
+            cwd: Some(prepared.workspace.clone()),
         };
-        if cancel.is_cancelled() {
-            return Err(EffectError::Cancelled { sent: false });
-        }
-        create_working_dir(call.working_dir).map_err(|error| {
-            tool_failed(format!(
-                "cannot create the working directory {}: {error}",
-                call.working_dir.display()
-            ))
-        })?;
-        let mut input = serde_json::to_vec(call.input)
-            .map_err(|error| tool_failed(format!("cannot encode the tool input: {error}")))?;
-        input.push(b'\n');
-        run(call, spec, input, cancel)
+        run(call, &prepared.tool, spawn, prepared.input, cancel)
     }
 }
 
-fn create_working_dir(path: &Path) -> io::Result<()> {
+/// Checks a configuration's keys, tools and `workspace` (against `roots`).
+pub(crate) fn check_configuration(
+    configuration: &Map<String, Value>,
+    known: &[&str],
+    roots: &WorkspaceRoots,
+) -> Result<(), String> {
+    parse_configuration(configuration, known)?;
+    match configuration.get("workspace").and_then(Value::as_str) {
+        Some(workspace) => roots.check(workspace).map(|_| ()),
+        None => Ok(()),
+    }
+}
+
+/// A tool call made ready to start: its declared tool, its workspace (created), its input line.
+pub(crate) struct Prepared {
+    pub(crate) tool: ToolSpec,
+    pub(crate) workspace: PathBuf,
+    pub(crate) input: Vec<u8>,
+}
+
+/// Finds the called tool in the environment's configuration and creates its workspace: the
+/// session's own (`<workspace_dir>/<environment>`, 0700), or the configured one inside `roots`.
+pub(crate) fn prepare(
+    call: &ToolCall<'_>,
+    known: &[&str],
+    roots: &WorkspaceRoots,
+    cancel: &CancelToken,
+) -> Result<Prepared, EffectError> {
+    let environment = &call.environment.name;
+    let invalid = |error: String| {
+        tool_failed(format!(
+            "environment {environment:?} has an invalid configuration: {error}"
+        ))
+    };
+    let mut tools = parse_configuration(&call.environment.configuration, known).map_err(invalid)?;
+    let Some(tool) = tools.remove(call.tool) else {
+        return Err(tool_failed(format!(
+            "environment {environment:?} declares no tool {:?}",
+            call.tool
+        )));
+    };
+    if cancel.is_cancelled() {
+        return Err(EffectError::Cancelled { sent: false });
+    }
+    let workspace = match call
+        .environment
+        .configuration
+        .get("workspace")
+        .and_then(Value::as_str)
+    {
+        Some(configured) => {
+            let checked = roots.check(configured).map_err(invalid)?;
+            roots.confirm(&checked).map_err(tool_failed)?
+        }
+        None => {
+            let workspace = call.workspace();
+            create_private_dir(&workspace).map_err(|error| {
+                tool_failed(format!(
+                    "cannot create the workspace {}: {error}",
+                    workspace.display()
+                ))
+            })?;
+            workspace
+        }
+    };
+    let mut input = serde_json::to_vec(call.input)
+        .map_err(|error| tool_failed(format!("cannot encode the tool input: {error}")))?;
+    input.push(b'\n');
+    Ok(Prepared {
+        tool,
+        workspace,
+        input,
+    })
+}
+
+/// Creates `path` and its missing parents, each 0700.
+fn create_private_dir(path: &Path) -> io::Result<()> {
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
@@ -438,9 +603,11 @@ enum Ending {
     Cancelled,
 }
 
-fn run(
+/// Runs `spawn_spec` (which starts `spec`'s command, directly or through a sandbox) to its end.
+pub(crate) fn run(
     call: &ToolCall<'_>,
     spec: &ToolSpec,
+    spawn_spec: SpawnSpec,
     input: Vec<u8>,
     cancel: &CancelToken,
 ) -> Result<ToolResult, EffectError> {
@@ -451,12 +618,6 @@ fn run(
             call.tool
         ))
     })?;
-    let spawn_spec = SpawnSpec {
-        program: PathBuf::from(&spec.command[0]),
-        args: spec.command[1..].to_vec(),
-        env: tool_environment(),
-        cwd: Some(call.working_dir.to_path_buf()),
-    };
     // On failure the helpers' senders are dropped with `helpers`, and their threads end.
     let spawned = process::spawn(&spawn_spec).map_err(|error| {
         tool_failed(format!(
@@ -666,8 +827,11 @@ mod tests {
 
     #[test]
     fn defaults_fill_what_the_configuration_leaves_out() {
-        let tools = parse_configuration(&config(json!({"tools": {"t": {"command": ["true"]}}})))
-            .expect("valid");
+        let tools = parse_configuration(
+            &config(json!({"tools": {"t": {"command": ["true"]}}})),
+            LOCAL_KEYS,
+        )
+        .expect("valid");
         assert_eq!(
             tools["t"],
             ToolSpec {

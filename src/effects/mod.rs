@@ -18,11 +18,13 @@
 pub mod anthropic;
 pub mod local;
 pub mod openai;
+pub mod sandbox;
 mod scripted;
 
 pub use anthropic::AnthropicProvider;
 pub use local::LocalDriver;
 pub use openai::OpenAiProvider;
+pub use sandbox::SandboxDriver;
 pub use scripted::ScriptedProvider;
 
 use crate::cancel::CancelToken;
@@ -31,7 +33,7 @@ use crate::session::SessionId;
 use serde_json::{Map, Value};
 use std::collections::HashMap;
 use std::fmt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// What a provider learns about one model call.
@@ -145,8 +147,19 @@ pub struct ToolCall<'a> {
     pub tool: &'a str,
     /// The tool's input, as the harness sent it.
     pub input: &'a Value,
-    /// The session's working directory, where a tool that runs on the Brain host runs.
-    pub working_dir: &'a Path,
+    /// The session's workspaces, `<data>/workspaces/<session_id>`: a tool that runs on the Brain
+    /// host runs in its environment's directory beneath it ([`ToolCall::workspace`]), never in the
+    /// harness's native state. Nothing is created until a driver creates it.
+    pub workspace_dir: &'a Path,
+}
+
+impl ToolCall<'_> {
+    /// The environment's own workspace, `<data>/workspaces/<session_id>/<environment>`: where
+    /// built-in drivers run a tool unless the deployment allowed the environment another root.
+    /// Environment names are path-safe (the request check refuses `.` and `..`).
+    pub fn workspace(&self) -> PathBuf {
+        self.workspace_dir.join(&self.environment.name)
+    }
 }
 
 /// An environment driver: runs tools in, sets up, and answers driver-specific calls for the
@@ -407,7 +420,7 @@ mod tests {
             incarnation: 1,
             tool: "say",
             input: &input,
-            working_dir: Path::new("/tmp"),
+            workspace_dir: Path::new("/tmp"),
         };
         let result = driver.call_tool(&call, &cancel).expect("the tool ran");
         assert_eq!(result.content, vec![Block::text("say:SHOUT")]);

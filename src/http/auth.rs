@@ -20,7 +20,7 @@ const TOKEN_BYTES: usize = 32;
 ///
 /// Fails when the file cannot be read or created, or when it exists but holds no token.
 pub fn load_or_create_token(data_dir: &Path) -> std::io::Result<String> {
-    if let Ok(token) = std::env::var(TOKEN_ENV) {
+    if let Some(token) = crate::hardening::var(TOKEN_ENV).and_then(|t| t.into_string().ok()) {
         let token = token.trim();
         if !token.is_empty() {
             return Ok(token.to_owned());

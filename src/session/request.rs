@@ -300,7 +300,8 @@ impl CreateSession {
     /// [`ErrorCode::InvalidRequest`] naming the field and value:
     ///
     /// - `agentloop.name` that is not a registration name (1–64 of `[A-Za-z0-9_-]`);
-    /// - an environment name, driver or tool name that is not 1–64 of `[A-Za-z0-9_.-]`;
+    /// - an environment name, driver or tool name that is not 1–64 of `[A-Za-z0-9_.-]`, or an
+    ///   environment named `.` or `..` (each environment's workspace is a directory of that name);
     /// - an environment or tool declared twice;
     /// - a tool whose `input_schema` is not a JSON object;
     /// - a placement naming an undeclared environment, or naming one twice in a tool;
@@ -318,6 +319,14 @@ impl CreateSession {
         let mut declared: HashSet<&str> = HashSet::new();
         for (i, environment) in self.environments.iter().enumerate() {
             check_resource_name(&environment.name, &format!("environments[{i}].name"))?;
+            if matches!(environment.name.as_str(), "." | "..") {
+                // The name is a directory of the session's workspaces.
+                return Err(invalid(format!(
+                    "environments[{i}].name: {} is not a valid environment name (it names a \
+                     directory: use letters or digits)",
+                    shown(&environment.name)
+                )));
+            }
             check_resource_name(&environment.driver, &format!("environments[{i}].driver"))?;
             if !declared.insert(&environment.name) {
                 return Err(invalid(format!(

@@ -70,7 +70,7 @@ pub fn ready(listen: &str) -> ExitCode {
 
 /// The API token: `BRAIN_API_TOKEN`, else `<data-dir>/operator.token`.
 fn token(data_dir: &Path) -> Result<String, String> {
-    if let Ok(token) = std::env::var("BRAIN_API_TOKEN")
+    if let Some(token) = brain::hardening::var("BRAIN_API_TOKEN").and_then(|t| t.into_string().ok())
         && !token.trim().is_empty()
     {
         return Ok(token.trim().to_owned());

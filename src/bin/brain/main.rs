@@ -5,7 +5,7 @@
 mod client;
 mod serve;
 
-use brain::effects::{Effects, ScriptedProvider};
+use brain::effects::{Effects, LocalDriver, SandboxDriver, ScriptedProvider};
 use brain::protocol::harness::{Block, UserInput};
 use brain::session::{CreateSession, SessionId};
 use brain::{
@@ -65,6 +65,10 @@ options (serve, run, check):
   --restart-window DURATION  restart budget window (default 60s)
   --respawn-backoff DURATION first respawn delay (default 100ms)
   --respawn-backoff-max DURATION  longest respawn delay (default 30s)
+  --workspace-root DIR       an absolute directory inside which an environment's configuration
+                             may name its `workspace` (repeatable; default: none)
+  --no-sandbox               (serve, run) start without the `sandbox` tool driver; by default
+                             bubblewrap must work here, or the start is refused (78)
 
 Durations are written like 200ms, 30s or 5m.
 ";
@@ -74,6 +78,8 @@ const EXIT_CONFIG: u8 = 78;
 const EXIT_USAGE: u8 = 2;
 
 fn main() -> ExitCode {
+    // SAFETY: the first statement of main: no other thread exists yet.
+    unsafe { brain::hardening::harden() };
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("check") => check(&args[1..]),
@@ -193,7 +199,7 @@ fn serve_command(args: &[String]) -> ExitCode {
         Ok(registrations) => registrations,
         Err(code) => return code,
     };
-    let effects = match effects_with_script(script.as_deref()) {
+    let effects = match effects_with_script(script.as_deref(), &common) {
         Ok(effects) => effects,
         Err(code) => return code,
     };
@@ -326,9 +332,32 @@ fn sessions_command(args: &[String]) -> ExitCode {
     }
 }
 
-/// The default effects, the providers whose keys are set, and `--script` when given.
-fn effects_with_script(script: Option<&str>) -> Result<Effects, ExitCode> {
-    let effects = Effects::default().with_env_providers();
+/// The default effects, the providers whose keys are set, `--script` when given, the `local`
+/// driver with the `--workspace-root`s and, unless `--no-sandbox`, the `sandbox` driver: when
+/// bubblewrap cannot sandbox here, the start is refused (78) rather than run tools unconfined.
+fn effects_with_script(script: Option<&str>, common: &Common) -> Result<Effects, ExitCode> {
+    let mut effects = Effects::default().with_env_providers().with_driver(
+        LocalDriver::NAME,
+        Arc::new(LocalDriver::with_workspace_roots(
+            common.workspace_roots.clone(),
+        )),
+    );
+    if common.sandbox {
+        match SandboxDriver::probe() {
+            Ok(driver) => {
+                let driver = driver.with_workspace_roots(common.workspace_roots.clone());
+                effects = effects.with_driver(SandboxDriver::NAME, Arc::new(driver));
+            }
+            Err(why) => {
+                eprintln!(
+                    "brain: configuration refused: the sandbox driver cannot run here: {why}; \
+                     start with --no-sandbox to serve without it (sessions naming it are then \
+                     refused)"
+                );
+                return Err(ExitCode::from(EXIT_CONFIG));
+            }
+        }
+    }
     match script {
         None => Ok(effects),
         Some(script) => match ScriptedProvider::load(script) {
@@ -345,6 +374,10 @@ fn effects_with_script(script: Option<&str>) -> Result<Effects, ExitCode> {
 struct Common {
     agentloops: Option<String>,
     options: Options,
+    /// `--workspace-root`: where an environment's `workspace` may point.
+    workspace_roots: Vec<PathBuf>,
+    /// Whether the `sandbox` driver is registered (bubblewrap must work); `--no-sandbox` clears.
+    sandbox: bool,
 }
 
 /// Parses the common flags out of `args`, returning the ones it does not know.
@@ -352,6 +385,8 @@ fn parse_common(args: &[String]) -> Result<(Common, Vec<String>), String> {
     let mut common = Common {
         agentloops: None,
         options: Options::default(),
+        workspace_roots: Vec::new(),
+        sandbox: true,
     };
     let mut rest = Vec::new();
     let mut args = args.iter();
@@ -369,6 +404,17 @@ fn parse_common(args: &[String]) -> Result<(Common, Vec<String>), String> {
         let o = &mut common.options;
         match flag {
             "--agentloops" => common.agentloops = Some(value()?),
+            "--no-sandbox" => common.sandbox = false,
+            "--workspace-root" => {
+                let root = PathBuf::from(value()?);
+                if !root.is_absolute() {
+                    return Err(format!(
+                        "--workspace-root: {} is not an absolute path",
+                        root.display()
+                    ));
+                }
+                common.workspace_roots.push(root);
+            }
             "--data-dir" => o.data_dir = PathBuf::from(value()?),
             "--init-deadline" => o.init_deadline = duration(flag, &value()?)?,
             "--cancel-grace" => o.cancel_grace = duration(flag, &value()?)?,
@@ -521,7 +567,7 @@ fn run(args: &[String]) -> ExitCode {
         },
         None => "reference".to_owned(),
     };
-    let effects = match effects_with_script(script.as_deref()) {
+    let effects = match effects_with_script(script.as_deref(), &common) {
         Ok(effects) => effects,
         Err(code) => return code,
     };
