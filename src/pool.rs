@@ -488,6 +488,7 @@ impl Pool {
             spec.args = bubblewrap.worker_command(
                 &self.options.data_dir,
                 &reg.state_root,
+                spec.cwd.as_deref(),
                 &spec.program,
                 &spec.args,
             );

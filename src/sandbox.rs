@@ -183,12 +183,14 @@ impl Bubblewrap {
 
     /// The arguments that run a harness worker `program` with `args`: the whole host file system
     /// read-only except `data_dir`, which is hidden, and `state_root` (its registration's
-    /// `agentloops/<registration>/`), which is read-write; a private `/tmp`, no network. Harness
+    /// `agentloops/<registration>/`), which is read-write; a private `/tmp` (unless the worker's
+    /// program, arguments or working directory `worker_cwd` lie there); no network. Harness
     /// workers keep the user Brain runs as (they are the operator's code).
     pub fn worker_command(
         &self,
         data_dir: &Path,
         state_root: &Path,
+        worker_cwd: Option<&Path>,
         program: &Path,
         args: &[String],
     ) -> Vec<String> {
@@ -213,11 +215,18 @@ impl Bubblewrap {
         if !self.as_root {
             bwrap.insert(0, "--unshare-user".into());
         }
-        // The data directory and /tmp are replaced by empty ones unless the worker's own program
-        // lives there; its state root is then mounted back, read-write, at its own path.
+        // The data directory is replaced by an empty one, and so is /tmp unless the worker needs
+        // something there (its program, an argument naming a file, its working directory, the
+        // data directory); its state root is then mounted back, read-write, at its own path.
         let shown = |path: &Path| path.to_string_lossy().into_owned();
         let tmp = Path::new("/tmp");
-        if !program.starts_with(tmp) && !data_dir.starts_with(tmp) && !state_root.starts_with(tmp) {
+        let cwd = std::env::current_dir().unwrap_or_default();
+        let needs_tmp = [program, data_dir, state_root, cwd.as_path()]
+            .into_iter()
+            .chain(args.iter().map(Path::new))
+            .chain(worker_cwd)
+            .any(|path| path.starts_with(tmp));
+        if !needs_tmp {
             bwrap.extend(["--tmpfs".into(), "/tmp".into()]);
         }
         bwrap.extend(["--tmpfs".into(), shown(data_dir)]);

@@ -34,11 +34,27 @@ struct Host {
     data: PathBuf,
     /// A session whose workspace and native state the attacks try to reach.
     victim: String,
+    /// Whether `brain serve` runs as root.
+    root: bool,
+}
+
+/// The uid `brain serve` runs as to be an ordinary user: nobody when the tests run as root (then
+/// its data directory is nobody's), else the tests' own user.
+fn ordinary_user(dir: &Path) -> Option<u32> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return None;
+    }
+    std::os::unix::fs::chown(dir, Some(65534), Some(65534)).expect("give the test dir to nobody");
+    Some(65534)
 }
 
 impl Host {
-    fn start(tag: &str) -> Host {
+    /// Starts `brain serve` as root when the tests run as root, or (`as_user`) as an ordinary
+    /// user.
+    fn start(tag: &str, as_user: bool) -> Host {
         let dir = temp_dir(tag);
+        let uid = if as_user { ordinary_user(&dir) } else { None };
         let data = dir.join("data");
         let served = Start {
             data: &data,
@@ -46,9 +62,12 @@ impl Host {
             extra: &[],
             token: None,
             env: &[("OPENAI_API_KEY", PROVIDER_KEY)],
+            uid,
         }
         .run();
+        let root = uid.is_none() && unsafe { libc::geteuid() } == 0;
         let mut host = Host {
+            root,
             served,
             dir,
             data,
@@ -346,7 +365,9 @@ fn matrix(host: &Host, listener_port: u16, unique: &str) -> Vec<Attack> {
         Attack {
             name: "leave a daemon behind (setsid and a double fork)",
             script: format!(
-                "setsid {daemon} </dev/null >/dev/null 2>&1 & ( ( {daemon} </dev/null >/dev/null 2>&1 & ) & ); echo forked"
+                // The tool ends only once the setsid daemon is in a session of its own.
+                "mkfifo up; setsid sh -c 'echo up > up; exec {daemon}' </dev/null >/dev/null 2>&1 & \
+                 read -r _ < up; ( ( {daemon} </dev/null >/dev/null 2>&1 & ) & ); echo forked"
             ),
             settings: json!({}),
             escaped: Box::new(move |_, _| {
@@ -451,9 +472,9 @@ fn unique() -> String {
     format!("{}{nanos}", std::process::id())
 }
 
-#[test]
-fn every_attack_is_contained_by_the_sandbox_driver() {
-    let mut host = Host::start("iso-sandbox");
+/// The whole matrix under the sandbox driver: every attack contained.
+fn sandbox_contains_every_attack(as_user: bool) {
+    let mut host = Host::start("iso-sandbox", as_user);
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
     listener.set_nonblocking(true).expect("nonblocking");
     let port = listener.local_addr().expect("address").port();
@@ -463,7 +484,15 @@ fn every_attack_is_contained_by_the_sandbox_driver() {
     let tried = attacks.len();
     let results = run_matrix(&mut host, "sandbox", attacks);
     let escapes: Vec<_> = results.iter().filter(|(_, escaped)| *escaped).collect();
-    eprintln!("sandbox: attacks tried {tried}, escapes {}", escapes.len());
+    eprintln!(
+        "sandbox (brain as {}): attacks tried {tried}, escapes {}",
+        if host.root {
+            "root"
+        } else {
+            "an ordinary user"
+        },
+        escapes.len()
+    );
     assert!(escapes.is_empty(), "escaped the sandbox: {escapes:?}");
     assert!(
         listener.accept().is_err(),
@@ -471,20 +500,18 @@ fn every_attack_is_contained_by_the_sandbox_driver() {
     );
 }
 
-#[test]
-fn the_local_driver_contains_none_of_it_as_docs_security_says() {
-    let mut host = Host::start("iso-local");
+/// The matrix under the local driver: everything escapes but Brain's own /proc entries, which
+/// only a tool running as root reads (Brain is non-dumpable).
+fn local_contains_only_brains_proc_entries(as_user: bool) {
+    let mut host = Host::start("iso-local", as_user);
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
     let port = listener.local_addr().expect("address").port();
     let unique = unique();
     let attacks = matrix(&host, port, &unique);
     let results = run_matrix(&mut host, "local", attacks);
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
     for (name, escaped) in results {
-        // Brain is non-dumpable: only a tool running as root reads its /proc entries.
         let expected = if name.contains("/proc/<brain>") {
-            root
+            host.root
         } else {
             true
         };
@@ -496,8 +523,28 @@ fn the_local_driver_contains_none_of_it_as_docs_security_says() {
 }
 
 #[test]
+fn every_attack_is_contained_by_the_sandbox_driver() {
+    sandbox_contains_every_attack(false);
+}
+
+#[test]
+fn every_attack_is_contained_by_the_sandbox_driver_with_brain_as_an_ordinary_user() {
+    sandbox_contains_every_attack(true);
+}
+
+#[test]
+fn the_local_driver_contains_none_of_it_as_docs_security_says() {
+    local_contains_only_brains_proc_entries(false);
+}
+
+#[test]
+fn the_local_driver_with_brain_as_an_ordinary_user_keeps_only_brains_proc_entries() {
+    local_contains_only_brains_proc_entries(true);
+}
+
+#[test]
 fn workspaces_are_per_session_and_go_with_the_sessions_deletion() {
-    let mut host = Host::start("iso-delete");
+    let mut host = Host::start("iso-delete", false);
     let (id, attempt) = host.run_tool("sandbox", "pwd; ls -A; echo mine > file", json!({}));
     assert_eq!(attempt.outcome, "ok", "{}", attempt.text);
     // Its own workspace, at the fixed path, holding nothing of the victim's.
@@ -548,6 +595,7 @@ fn a_sandboxed_worker_sees_its_state_root_and_nothing_else_of_the_data_directory
         extra: &[],
         token: None,
         env: &[("OPENAI_API_KEY", PROVIDER_KEY)],
+        uid: None,
     }
     .run();
     let seen = std::fs::read_to_string(state_root.join("probe.txt")).expect("the probe's report");
@@ -588,5 +636,54 @@ fn a_sandboxed_worker_sees_its_state_root_and_nothing_else_of_the_data_directory
     assert_eq!(reply["result"]["text"], "hello");
     assert!(state_root.join(&id).join("reference-state.json").is_file());
     served.terminate(WAIT);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn where_bubblewrap_cannot_sandbox_brain_refuses_to_start_rather_than_run_tools_unconfined() {
+    let dir = temp_dir("iso-refuse");
+    // A host whose bubblewrap cannot create namespaces (as in some containers): the first
+    // `bwrap` on PATH fails the way bubblewrap does there.
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).expect("bin dir");
+    let fake = bin.join("bwrap");
+    std::fs::write(
+        &fake,
+        "#!/bin/sh\necho 'bwrap: No permissions to create new namespace' >&2\nexit 1\n",
+    )
+    .expect("write the stand-in");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let path = format!("{}:/usr/local/bin:/usr/bin:/bin", bin.display());
+    let serve = |extra: &[&str]| {
+        let mut command = std::process::Command::new(BRAIN);
+        command
+            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(dir.join("data"))
+            .args([
+                "--agentloops",
+                &json!({"r": {"command": REFERENCE_HARNESS}}).to_string(),
+            ])
+            .args(extra)
+            .env("PATH", &path);
+        command
+    };
+    let refused = run_bounded(&mut serve(&[]));
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(78), "{stderr}");
+    assert!(
+        stderr.contains("the sandbox driver cannot run here")
+            && stderr.contains("No permissions to create new namespace")
+            && stderr.contains("--no-sandbox"),
+        "{stderr}"
+    );
+    // A sandboxed registration is refused the same way, even with --no-sandbox.
+    let boxed = json!({"r": {"command": REFERENCE_HARNESS, "sandbox": true}}).to_string();
+    let mut command = serve(&["--no-sandbox"]);
+    command.args(["--agentloops", &boxed]);
+    let refused = run_bounded(&mut command);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(78), "{stderr}");
+    assert!(stderr.contains("runs its workers sandboxed"), "{stderr}");
     let _ = std::fs::remove_dir_all(&dir);
 }

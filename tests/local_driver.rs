@@ -411,3 +411,63 @@ fn bad_configurations_are_refused_naming_the_field() {
     })))
     .expect("a valid configuration");
 }
+
+#[test]
+fn a_configured_workspace_must_lie_inside_a_root_the_deployment_allows() {
+    let root = temp_dir("roots");
+    let allowed = root.join("projects");
+    std::fs::create_dir_all(allowed.join("repo")).expect("the allowed root");
+    let driver = LocalDriver::with_workspace_roots(vec![allowed.clone()]);
+    let config = |workspace: &str| {
+        object(json!({"tools": {"t": {"command": ["pwd"]}}, "workspace": workspace}))
+    };
+    let inside = allowed.join("repo").display().to_string();
+    assert_eq!(driver.validate(&config(&inside)), Ok(()));
+    for (bad, expected) in [
+        ("/etc".to_owned(), "is not inside a workspace root"),
+        (format!("{inside}/../../.."), "must not contain"),
+        ("relative/dir".to_owned(), "must be an absolute path"),
+    ] {
+        let error = driver.validate(&config(&bad)).expect_err("refused");
+        assert!(error.contains(expected), "{bad}: {error}");
+    }
+    // Without roots, no workspace can be named at all.
+    let error = LocalDriver::new()
+        .validate(&config(&inside))
+        .expect_err("refused");
+    assert!(error.contains("allows no workspace roots"), "{error}");
+
+    // A call runs in the configured workspace...
+    let session = SessionId::parse("ses_0123456789ABCDEFGHIJ").expect("a valid id");
+    let run = |workspace: &str| {
+        let environment = EnvironmentSpec {
+            name: "host".into(),
+            driver: LocalDriver::NAME.into(),
+            configuration: config(workspace),
+        };
+        let call = ToolCall {
+            session_id: &session,
+            sequence: 1,
+            environment: &environment,
+            incarnation: 1,
+            tool: "t",
+            input: &json!({}),
+            workspace_dir: &root.join("workspaces"),
+        };
+        driver.call_tool(&call, &CancelToken::new())
+    };
+    let result = run(&inside).expect("ran");
+    let real = allowed.join("repo").canonicalize().expect("exists");
+    assert_eq!(texts(&result), [format!("{}\n", real.display())]);
+    // ...but a symbolic link planted inside a root cannot lead outside it.
+    std::os::unix::fs::symlink("/etc", allowed.join("escape")).expect("plant a link");
+    let linked = allowed.join("escape").display().to_string();
+    match run(&linked) {
+        Err(EffectError::Failed { code, message }) => {
+            assert_eq!(code, ErrorCode::ToolFailed);
+            assert!(message.contains("outside every allowed root"), "{message}");
+        }
+        other => panic!("a link out of the root was followed: {other:?}"),
+    }
+    let _ = std::fs::remove_dir_all(&root);
+}

@@ -789,6 +789,7 @@ fn sigterm_under_load_drains_cancels_the_rest_loses_nothing_and_leaves_no_proces
         extra: &["--drain", "3s"],
         token: Some(token),
         env: &[],
+        uid: None,
     }
     .run();
     // Each slow run waits 400 ms before each of its two callbacks: it is still running when the
@@ -903,6 +904,7 @@ fn sigterm_under_load_drains_cancels_the_rest_loses_nothing_and_leaves_no_proces
         extra: &[],
         token: Some(token),
         env: &[],
+        uid: None,
     }
     .run();
     for (id, sequence) in &running {

@@ -329,6 +329,7 @@ impl World {
             ],
             token: Some("soak-token"),
             env: &env,
+            uid: None,
         }
         .run()
     }

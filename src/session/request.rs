@@ -732,6 +732,17 @@ mod tests {
     }
 
     #[test]
+    fn an_environment_named_like_a_directory_step_is_refused() {
+        for name in [".", ".."] {
+            refused(
+                json!({"agentloop": {"name": "echo"},
+                       "environments": [{"name": name, "driver": "local"}]}),
+                &["environments[0].name", "not a valid environment name"],
+            );
+        }
+    }
+
+    #[test]
     fn the_protocol_example_parses() {
         let request = CreateSession::parse(PROTOCOL_EXAMPLE.as_bytes()).unwrap();
         assert_eq!(request.agentloop.name, "pi");

@@ -45,6 +45,8 @@ pub struct Start<'a> {
     pub token: Option<&'a str>,
     /// More environment variables for the server.
     pub env: &'a [(&'a str, &'a str)],
+    /// Run the server as this uid and gid (the tests run as root) instead of the test's own.
+    pub uid: Option<u32>,
 }
 
 impl Start<'_> {
@@ -65,6 +67,10 @@ impl Start<'_> {
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
         command.envs(self.env.iter().copied());
+        if let Some(uid) = self.uid {
+            use std::os::unix::process::CommandExt;
+            command.uid(uid).gid(uid);
+        }
         if let Some(token) = self.token {
             command.env("BRAIN_API_TOKEN", token);
         }
@@ -123,6 +129,7 @@ pub fn serve(data: &Path, registrations: Value, extra: &[&str]) -> Served {
         extra,
         token: None,
         env: &[],
+        uid: None,
     }
     .run()
 }
