@@ -839,14 +839,27 @@ serve({
     const turn = new Turn(ctx, prompt);
     let failed = true;
     try {
-      entry = await openSession(ctx);
-      entry.activation = turn;
-      if (ctx.signal.aborted) throw ctx.signal.reason;
+      let started;
+      for (let attempt = 0; ; attempt++) {
+        entry = await openSession(ctx);
+        entry.activation = turn;
+        if (ctx.signal.aborted) throw ctx.signal.reason;
+        try {
+          started = await entry.process.request("turn/start", {
+            threadId: entry.threadId,
+            input: [{ type: "text", text: prompt, text_elements: [] }],
+          });
+          break;
+        } catch (error) {
+          // A Codex that died while idle, before this worker noticed: the turn never started (it
+          // made no model call), so start Codex again, once, and resume the thread.
+          await withTimeout(entry.process.exited, 1_000);
+          if (entry.process.alive || attempt > 0 || turn.modelCalls > 0) throw error;
+          entry.activation = undefined;
+          log(`agentloop-codex: session ${ctx.sessionId}: codex exited before the turn started (${error.message}); restarting it`);
+        }
+      }
       const proc = entry.process;
-      const started = await proc.request("turn/start", {
-        threadId: entry.threadId,
-        input: [{ type: "text", text: prompt, text_elements: [] }],
-      });
       turn.turnId = started.turn.id;
       if (ctx.signal.aborted) interrupt(entry, turn);
       let completed;
