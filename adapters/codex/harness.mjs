@@ -692,7 +692,8 @@ async function answerCodex(entry, method, params) {
     case "execCommandApproval":
       return { decision: "denied" };
     case "item/permissions/requestApproval":
-      return { decision: "decline" };
+      // Grants nothing: the schema's answer is the granted profile, here an empty one.
+      return { permissions: {} };
     case "item/tool/requestUserInput":
       return { answers: {} };
     case "mcpServer/elicitation/request":
