@@ -642,6 +642,24 @@ fn unknown_configuration_keys_missing_model_metadata_and_media_are_refused_at_cr
     .unwrap();
     let refused = session.send(image).unwrap_err();
     assert_eq!(refused.code.as_str(), "unsupported_input");
+
+    // A known key with a wrong value fails the activation, naming it, before Codex starts.
+    let wrong = create(
+        &brain,
+        json!({"agentloop": {"name": "codex", "configuration": {"auto_compact_token_limit": "big"}},
+               "model": model(None)}),
+    );
+    let outcome = wait(&wrong.send(text("hi")).unwrap());
+    assert_eq!(outcome.outcome, OutcomeKind::Failed, "{outcome:?}");
+    let error = outcome.error.as_ref().unwrap();
+    assert_eq!(error.code.as_str(), "invalid_configuration");
+    assert!(
+        error.message.contains("auto_compact_token_limit"),
+        "{}",
+        error.message
+    );
+    assert!(records(&wrong, "model_call_started").is_empty());
+    assert!(codex_processes(&wrong.info().unwrap().state_dir).is_empty());
 }
 
 #[test]

@@ -42,8 +42,7 @@ const ADAPTER_VERSION = "0.1.0";
 /** The format of what is kept under `state_dir`: `brain-codex.json` and Codex 0.169's CODEX_HOME. */
 const STATE_VERSION = "1";
 const CODEX_PACKAGE = "@openai/codex";
-const CONFIGURATION_KEYS = ["auto_compact_token_limit", "reasoning_effort"];
-const REASONING_EFFORTS = ["minimal", "low", "medium", "high"];
+const CONFIGURATION_KEYS = ["auto_compact_token_limit"];
 /** The provider id Codex knows the gateway by (`openai`, `ollama`, `lmstudio` are reserved). */
 const PROVIDER = "brain";
 /** The environment variable carrying the gateway token to Codex (its provider `env_key`). */
@@ -530,7 +529,6 @@ function codexFlags(sessionId, port, settings) {
     approval_policy: '"never"',
     sandbox_mode: '"read-only"',
   };
-  if (settings.reasoningEffort) config.model_reasoning_effort = JSON.stringify(settings.reasoningEffort);
   for (const [key, value] of Object.entries(config)) flags.push("-c", `${key}=${value}`);
   return flags;
 }
@@ -557,15 +555,10 @@ function settingsOf(ctx) {
     }
     autoCompactTokenLimit = limit;
   }
-  const effort = configuration.reasoning_effort;
-  if (effort !== undefined && effort !== null && !REASONING_EFFORTS.includes(effort)) {
-    throw new HarnessError("invalid_configuration", `configuration.reasoning_effort: expected one of ${REASONING_EFFORTS.join(", ")}, got ${JSON.stringify(effort)}`);
-  }
   return {
     model: model.name || "default",
     contextWindow: model.context_window,
     autoCompactTokenLimit,
-    reasoningEffort: effort ?? undefined,
   };
 }
 
