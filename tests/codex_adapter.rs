@@ -544,6 +544,7 @@ fn cancel_mid_turn_ends_cancelled_within_the_grace_and_leaves_no_codex_process()
     assert_eq!(outcome.outcome, OutcomeKind::Cancelled, "{outcome:?}");
     assert_eq!(outcome.error.as_ref().unwrap().code.as_str(), "cancelled");
     assert!(took < grace, "cancel took {took:?}, the grace is {grace:?}");
+    eprintln!("cancel answered in {took:?}");
     // The adapter answered by itself: Brain did not have to kill it.
     assert_eq!(worker_pid(&brain), pid);
     assert_eq!(brain.status().worker("codex", 0).unwrap().restarts, 0);
@@ -855,4 +856,93 @@ fn brain_run_completes_with_the_example_registration() {
 #[test]
 fn brain_run_completes_with_no_network_but_loopback() {
     brain_run_codex("codex-offline", true);
+}
+
+/// The gateway's base URL as the session's Codex was given it, from its command line.
+fn gateway_url(codex: u32) -> String {
+    let cmdline = std::fs::read(format!("/proc/{codex}/cmdline")).expect("codex's command line");
+    cmdline
+        .split(|&b| b == 0)
+        .filter_map(|arg| std::str::from_utf8(arg).ok())
+        .find_map(|arg| arg.strip_prefix("model_providers.brain.base_url=\""))
+        .and_then(|rest| rest.strip_suffix('"'))
+        .expect("codex was given the gateway's base URL")
+        .to_owned()
+}
+
+/// POSTs `body` to `url` (http://127.0.0.1:PORT/PATH) with an optional Authorization header;
+/// returns the status line.
+fn post(url: &str, authorization: Option<&str>, body: &str) -> String {
+    use std::io::{Read, Write};
+    let rest = url.strip_prefix("http://").expect("an http URL");
+    let (host, path) = rest.split_once('/').expect("a path");
+    let mut stream = std::net::TcpStream::connect(host).expect("connect to the gateway");
+    stream.set_read_timeout(Some(WAIT)).unwrap();
+    let auth = authorization
+        .map(|value| format!("authorization: {value}\r\n"))
+        .unwrap_or_default();
+    write!(
+        stream,
+        "POST /{path}/responses HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n\
+         {auth}content-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    answer.lines().next().unwrap_or_default().to_owned()
+}
+
+#[test]
+fn the_gateway_refuses_a_request_without_the_workers_token() {
+    let brain = start_codex("gateway");
+    // A running activation, so that a request with the right token would reach Brain.
+    let (session, activation) = blocked_in_a_tool(&brain, "exec sleep 60");
+    let state_dir = session.info().unwrap().state_dir;
+    let url = gateway_url(codex_process(&state_dir));
+    assert!(url.starts_with("http://127.0.0.1:"), "{url}");
+    let body = json!({"model": "default", "input": [], "tools": []}).to_string();
+    assert!(post(&url, None, &body).contains(" 401 "));
+    let forged = format!("Bearer {}", "0".repeat(64));
+    assert!(post(&url, Some(&forged), &body).contains(" 401 "));
+    // Neither reached Brain.
+    assert_eq!(model_requests(&session).len(), 1);
+    session.cancel().unwrap();
+    assert_eq!(wait(&activation).outcome, OutcomeKind::Cancelled);
+}
+
+#[test]
+fn two_sessions_at_once_each_run_their_own_codex() {
+    let brain = start_codex("two");
+    let sessions: Vec<Session> = ["first", "second"]
+        .iter()
+        .map(|word| {
+            create(
+                &brain,
+                json!({"agentloop": {"name": "codex"},
+                       "model": model(Some(json!([answers(&format!("answer for {word}"))])))}),
+            )
+        })
+        .collect();
+    let activations: Vec<Activation> = sessions
+        .iter()
+        .map(|session| session.send(text("go")).unwrap())
+        .collect();
+    for (word, activation) in ["first", "second"].iter().zip(&activations) {
+        let outcome = wait(activation);
+        assert_eq!(outcome.outcome, OutcomeKind::Completed, "{outcome:?}");
+        assert_eq!(
+            outcome.result.expect("a result")["text"],
+            format!("answer for {word}")
+        );
+    }
+    let pids: Vec<u32> = sessions
+        .iter()
+        .map(|session| codex_process(&session.info().unwrap().state_dir))
+        .collect();
+    assert_ne!(pids[0], pids[1]);
+    for session in &sessions {
+        assert_eq!(model_requests(session).len(), 1);
+    }
+    assert_no_violations(&brain);
 }
