@@ -85,10 +85,13 @@ fn codex() -> Registration {
     Registration::new("codex", "node").args([format!("{ROOT}/adapters/codex/harness.mjs")])
 }
 
+/// Brain's cancel grace in these tests: the protocol's 5 s.
+const GRACE: Duration = Duration::from_secs(5);
+
 fn options(tag: &str) -> Options {
     let mut options = fast_options(tag);
     options.init_deadline = Duration::from_secs(30);
-    options.cancel_grace = Duration::from_secs(5);
+    options.cancel_grace = GRACE;
     options
 }
 
@@ -532,7 +535,7 @@ fn blocked_in_a_tool(brain: &Brain, shell: &str) -> (Session, Activation) {
 #[test]
 fn cancel_mid_turn_ends_cancelled_within_the_grace_and_leaves_no_codex_process() {
     let brain = start_codex("cancel");
-    let grace = options("grace").cancel_grace;
+    let grace = GRACE;
     let (session, activation) = blocked_in_a_tool(&brain, "exec sleep 60");
     let state_dir = session.info().unwrap().state_dir;
     let codex = codex_process(&state_dir);
