@@ -384,7 +384,10 @@ class CodexProcess {
         ...(process.env.TZ ? { TZ: process.env.TZ } : {}),
         ...(process.env.TMPDIR ? { TMPDIR: process.env.TMPDIR } : {}),
         [TOKEN_VARIABLE]: TOKEN,
-        RUST_LOG: process.env.BRAIN_CODEX_RUST_LOG ?? "warn",
+        // Codex's diagnostics go to the worker's stderr, which Brain logs: errors only, uncoloured
+        // (a registration's env can set BRAIN_CODEX_RUST_LOG, e.g. to "warn" or "debug").
+        RUST_LOG: process.env.BRAIN_CODEX_RUST_LOG ?? "error",
+        NO_COLOR: "1",
       },
       stdio: ["pipe", "pipe", "pipe"],
     });
