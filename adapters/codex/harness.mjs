@@ -29,7 +29,7 @@
 
 import { spawn } from "node:child_process";
 import { randomBytes, timingSafeEqual } from "node:crypto";
-import { existsSync, mkdirSync, readFileSync, renameSync, writeFileSync } from "node:fs";
+import { closeSync, existsSync, fsyncSync, mkdirSync, openSync, readFileSync, renameSync, writeFileSync } from "node:fs";
 import { createServer } from "node:http";
 import { createRequire } from "node:module";
 import { dirname, join } from "node:path";
@@ -588,10 +588,23 @@ function readState(stateDir) {
   }
 }
 
+/** Writes the state file durably: a temporary file, fsynced, renamed over it, the directory fsynced. */
 function writeState(stateDir, state) {
   const file = stateFile(stateDir);
-  writeFileSync(`${file}.tmp`, JSON.stringify(state), { mode: 0o600 });
+  const fd = openSync(`${file}.tmp`, "w", 0o600);
+  try {
+    writeFileSync(fd, JSON.stringify(state));
+    fsyncSync(fd);
+  } finally {
+    closeSync(fd);
+  }
   renameSync(`${file}.tmp`, file);
+  const dir = openSync(stateDir, "r");
+  try {
+    fsyncSync(dir);
+  } finally {
+    closeSync(dir);
+  }
 }
 
 /**
