@@ -82,7 +82,11 @@ fn codex() -> Registration {
         "{} is missing: run `npm ci` in adapters/codex (scripts/test does)",
         installed.display()
     );
-    Registration::new("codex", "node").args([format!("{ROOT}/adapters/codex/harness.mjs")])
+    // Every test runs the worker under bubblewrap (issue 24): the adapter and its Codex processes
+    // need nothing outside the registration's state root.
+    Registration::new("codex", "node")
+        .args([format!("{ROOT}/adapters/codex/harness.mjs")])
+        .sandbox(true)
 }
 
 /// Brain's cancel grace in these tests: the protocol's 5 s.
@@ -96,6 +100,10 @@ fn options(tag: &str) -> Options {
 }
 
 fn start_codex(tag: &str) -> Running {
+    start_codex_with(tag, codex())
+}
+
+fn start_codex_with(tag: &str, registration: Registration) -> Running {
     let options = options(tag);
     let scratch = Scratch(
         options
@@ -104,7 +112,7 @@ fn start_codex(tag: &str) -> Running {
             .expect("the data dir has a parent")
             .to_path_buf(),
     );
-    let brain = start(vec![codex()], options.clone());
+    let brain = start(vec![registration], options.clone());
     Running {
         brain: Some(brain),
         options,
@@ -898,7 +906,9 @@ fn post(url: &str, authorization: Option<&str>, body: &str) -> String {
 
 #[test]
 fn the_gateway_refuses_a_request_without_the_workers_token() {
-    let brain = start_codex("gateway");
+    // Unsandboxed, so that this test can reach the gateway at all: a sandboxed worker's gateway
+    // is in a network namespace of its own, out of every other process's reach.
+    let brain = start_codex_with("gateway", codex().sandbox(false));
     // A running activation, so that a request with the right token would reach Brain.
     let (session, activation) = blocked_in_a_tool(&brain, "exec sleep 60");
     let state_dir = session.info().unwrap().state_dir;
