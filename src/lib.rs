@@ -13,7 +13,7 @@
 mod api;
 mod brain;
 mod callbacks;
-pub mod cancel;
+pub use brain_harness::cancel;
 mod capacity;
 pub mod config;
 pub mod datadir;
@@ -21,16 +21,16 @@ mod dispatch;
 pub mod effects;
 #[doc(hidden)]
 pub mod fuzzing;
-mod handoff;
+use brain_harness::handoff;
 pub mod hardening;
-pub mod harness;
+pub use brain_harness as harness;
 mod heap;
 pub mod http;
 pub mod journal;
 mod metrics;
 mod options;
 mod pool;
-pub mod protocol;
+pub use brain_protocol as protocol;
 mod recovery;
 pub mod sandbox;
 pub mod session;

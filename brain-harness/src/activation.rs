@@ -3,7 +3,7 @@
 use super::connection::Connection;
 use super::error::CallError;
 use crate::cancel::CancelToken;
-use crate::protocol::jsonrpc::RequestId;
+use brain_protocol::jsonrpc::RequestId;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -73,7 +73,7 @@ impl Activation {
             .get_or_init(|| serde_json::from_str(self.params.get()).unwrap_or(Value::Null))
     }
 
-    /// The `run` params typed as `T` (usually [`RunParams`](crate::protocol::harness::RunParams))
+    /// The `run` params typed as `T` (usually [`RunParams`](brain_protocol::harness::RunParams))
     /// straight from the JSON text Brain sent: no `Value` tree is built.
     ///
     /// # Errors

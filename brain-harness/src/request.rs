@@ -1,6 +1,6 @@
 //! [`BrainRequest`]: a request from Brain, its params still JSON text.
 
-use crate::protocol::jsonrpc::RequestId;
+use brain_protocol::jsonrpc::RequestId;
 use serde::de::DeserializeOwned;
 use serde_json::value::RawValue;
 

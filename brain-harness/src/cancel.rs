@@ -1,8 +1,9 @@
 //! [`CancelToken`]: one cancellation signal shared by the harness SDK and Brain's effects.
 //!
 //! The harness SDK hands one to each activation (`brain::harness::CancelToken` is this type);
-//! Brain hands one to every model provider and environment driver call
-//! ([`crate::effects`]), so an embedder's effect code and a Rust harness use the same type.
+//! Brain hands one to every model provider and environment driver call (`brain::effects`,
+//! where it is `brain::cancel::CancelToken`), so an embedder's effect code and a Rust harness use
+//! the same type.
 
 use parking_lot::{Condvar, Mutex};
 use std::fmt;

@@ -4,7 +4,7 @@
 //! harness's messages are ignored (serde's default); strictness belongs to registrations, session
 //! requests and configuration, which are parsed elsewhere.
 
-use crate::protocol::jsonrpc::{RequestId, RpcError};
+use crate::jsonrpc::{RequestId, RpcError};
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
@@ -264,7 +264,7 @@ impl ErrorCode {
 
     /// The JSON-RPC error code Brain sends with this `data.code` (PROTOCOL.md §3).
     pub fn rpc_code(self) -> i64 {
-        use crate::protocol::jsonrpc;
+        use crate::jsonrpc;
         match self {
             ErrorCode::UnknownMethod => jsonrpc::METHOD_NOT_FOUND,
             ErrorCode::InvalidInput => jsonrpc::INVALID_PARAMS,
@@ -560,29 +560,31 @@ pub struct RunParams {
 /// encodes exactly as the `RunParams` holding the same values does, the kv without the reserved
 /// `brain.` keys (a test holds the two together).
 #[derive(Serialize)]
-pub(crate) struct RunParamsRef<'a> {
-    pub(crate) session_id: &'a str,
-    pub(crate) sequence: u64,
-    pub(crate) state_dir: &'a str,
-    pub(crate) model: &'a ModelMetadata,
-    pub(crate) input: RunInputRef<'a>,
+#[doc(hidden)]
+pub struct RunParamsRef<'a> {
+    pub session_id: &'a str,
+    pub sequence: u64,
+    pub state_dir: &'a str,
+    pub model: &'a ModelMetadata,
+    pub input: RunInputRef<'a>,
 }
 
 /// [`RunInput`] borrowed: see [`RunParamsRef`].
 #[derive(Serialize)]
-pub(crate) struct RunInputRef<'a> {
+#[doc(hidden)]
+pub struct RunInputRef<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) input: Option<&'a UserInput>,
-    pub(crate) transcript: &'a [Message],
+    pub input: Option<&'a UserInput>,
+    pub transcript: &'a [Message],
     /// The whole kv: the reserved keys are left out as it is encoded.
     #[serde(serialize_with = "without_reserved_keys")]
-    pub(crate) kv: &'a Map<String, Value>,
-    pub(crate) events: &'a [Event],
-    pub(crate) tools: &'a [ToolDeclaration],
+    pub kv: &'a Map<String, Value>,
+    pub events: &'a [Event],
+    pub tools: &'a [ToolDeclaration],
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) system: Option<&'a str>,
-    pub(crate) configuration: &'a Map<String, Value>,
-    pub(crate) runtime: &'a Runtime,
+    pub system: Option<&'a str>,
+    pub configuration: &'a Map<String, Value>,
+    pub runtime: &'a Runtime,
 }
 
 fn without_reserved_keys<S: serde::Serializer>(
@@ -1261,7 +1263,7 @@ impl BrainCall {
     /// Decodes a whole line that is a well-formed JSON-RPC 2.0 `brain/call` request with
     /// well-formed params, without building a `Value` tree for it. `None` for any other line
     /// (another message, a malformed one, params that are not [`BrainCallParams`]): decode those
-    /// with [`jsonrpc::decode`](crate::protocol::jsonrpc::decode) and
+    /// with [`jsonrpc::decode`](crate::jsonrpc::decode) and
     /// [`from_params`](Self::from_params), which name what is wrong. Both ways give the same
     /// result for every line this one accepts.
     pub fn decode_request(line: &[u8]) -> Option<(RequestId, BrainCall)> {
@@ -1941,7 +1943,7 @@ mod tests {
     /// general path would read differently.
     #[test]
     fn the_typed_brain_call_path_agrees_with_the_general_one() {
-        use crate::protocol::jsonrpc::{self, Message};
+        use crate::jsonrpc::{self, Message};
         let general = |line: &str| match jsonrpc::decode(line.as_bytes()) {
             Ok(Message::Request(request)) if request.method == method::BRAIN_CALL => {
                 Some((request.id, BrainCall::from_params(request.params)))

@@ -1,4 +1,7 @@
-//! The harness SDK: write a brain/harness/v1 harness in Rust with a few blocking calls.
+//! brain-harness, the harness SDK: write a brain/harness/v1 harness in Rust with a few blocking
+//! calls. It depends on `brain-protocol` for the wire types and on nothing of Brain's host (no
+//! HTTP, no TLS, no journal): a harness author compiles only this and the protocol. The host
+//! re-exports it as `brain::harness`, so the two names are the same crate.
 //!
 //! Two levels, both synchronous and threaded (no async runtime):
 //!
@@ -28,8 +31,8 @@
 //! A harness that asks Brain for a kv value and answers with it, stopping early when cancelled:
 //!
 //! ```no_run
-//! use brain::harness::{Activation, Handler, HandlerError, serve};
-//! use brain::protocol::harness::{
+//! use brain_harness::{Activation, Handler, HandlerError, serve};
+//! use brain_protocol::harness::{
 //!     Capabilities, Identity, InitializeParams, InitializeResult, PROTOCOL,
 //! };
 //! use serde_json::{Value, json};
@@ -63,9 +66,14 @@
 //! }
 //! ```
 
+#![deny(missing_docs)]
+
 mod activation;
+pub mod cancel;
 mod connection;
 mod error;
+#[doc(hidden)]
+pub mod handoff;
 mod io;
 mod pending;
 mod request;

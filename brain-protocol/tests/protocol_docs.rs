@@ -1,12 +1,12 @@
-//! Checks every JSON example of `docs/PROTOCOL.md` against the types of `src/protocol/harness.rs`.
+//! Checks every JSON example of `docs/PROTOCOL.md` against the types of `brain-protocol/src/harness.rs`.
 //!
 //! Each ```` ```json ```` block must carry a tag: `json T` (the block is a `T`) or `json jsonrpc:T`
 //! (the block is a whole JSON-RPC line whose `params`, `result` or `error.data` is a `T`). The block
 //! must parse as that type, and serializing the parsed value again must keep every member of the
 //! example — so a misspelt field name, which serde would silently ignore, fails.
 
-use brain::protocol::harness::*;
-use brain::protocol::jsonrpc::{self, RpcError};
+use brain_protocol::harness::*;
+use brain_protocol::jsonrpc::{self, RpcError};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -325,7 +325,7 @@ fn check_doc(doc: &str) -> Result<Coverage, Vec<String>> {
 }
 
 fn protocol_doc() -> String {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/PROTOCOL.md");
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/PROTOCOL.md");
     std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {path}: {e}"))
 }
 

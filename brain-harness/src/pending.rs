@@ -5,7 +5,7 @@
 //! once, and no caller can register after the close and then wait forever.
 
 use crate::handoff::Promise;
-use crate::protocol::jsonrpc::{RequestId, RpcError};
+use brain_protocol::jsonrpc::{RequestId, RpcError};
 use parking_lot::Mutex;
 use serde_json::value::RawValue;
 use std::collections::HashMap;

@@ -11,8 +11,8 @@
 
 use super::pending::Pending;
 use super::request::BrainRequest;
-use crate::protocol::framing::{Frame, LineReader};
-use crate::protocol::jsonrpc::{self, Message, RpcError};
+use brain_protocol::framing::{Frame, LineReader};
+use brain_protocol::jsonrpc::{self, Message, RpcError};
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::Mutex;
 use std::io::{self, Read, Write};

@@ -6,8 +6,8 @@ use super::error::{HandlerError, SendError};
 use super::request::BrainRequest;
 use super::runners::Runners;
 use crate::cancel::CancelToken;
-use crate::protocol::harness::{InitializeParams, InitializeResult, method};
-use crate::protocol::jsonrpc::{
+use brain_protocol::harness::{InitializeParams, InitializeResult, method};
+use brain_protocol::jsonrpc::{
     INVALID_PARAMS, METHOD_NOT_FOUND, RequestId, RpcError, SERVER_ERROR,
 };
 use parking_lot::Mutex;

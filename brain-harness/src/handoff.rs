@@ -27,7 +27,7 @@ use std::sync::Arc;
 /// on its own. A producer that queues a burst (the journal's thread, making a batch of effects
 /// durable) thus pays for one wake-up instead of one per item, and the others are paid by the
 /// consumers, in parallel; every item still gets a consumer of its own as soon as one is free.
-pub(crate) struct WorkQueue<T> {
+pub struct WorkQueue<T> {
     state: Mutex<QueueState<T>>,
     ready: Condvar,
 }
@@ -39,9 +39,15 @@ struct QueueState<T> {
     waiting: usize,
 }
 
+impl<T> Default for WorkQueue<T> {
+    fn default() -> WorkQueue<T> {
+        WorkQueue::new()
+    }
+}
+
 impl<T> WorkQueue<T> {
     /// An empty, open queue.
-    pub(crate) fn new() -> WorkQueue<T> {
+    pub fn new() -> WorkQueue<T> {
         WorkQueue {
             state: Mutex::new(QueueState {
                 items: VecDeque::new(),
@@ -54,7 +60,7 @@ impl<T> WorkQueue<T> {
 
     /// Queues `item`, waking a waiting consumer if the queue was empty (see the type's docs).
     /// Gives the item back when the queue is closed.
-    pub(crate) fn push(&self, item: T) -> Result<(), T> {
+    pub fn push(&self, item: T) -> Result<(), T> {
         let mut state = self.state.lock();
         if state.closed {
             return Err(item);
@@ -70,7 +76,7 @@ impl<T> WorkQueue<T> {
 
     /// Takes the oldest item, blocking while the queue is empty and open. `None` once the queue is
     /// closed and empty.
-    pub(crate) fn pop(&self) -> Option<T> {
+    pub fn pop(&self) -> Option<T> {
         let mut state = self.state.lock();
         loop {
             if let Some(item) = state.items.pop_front() {
@@ -98,7 +104,7 @@ impl<T> WorkQueue<T> {
     }
 
     /// Refuses further pushes. Items already queued are still handed out.
-    pub(crate) fn close(&self) {
+    pub fn close(&self) {
         self.state.lock().closed = true;
         self.ready.notify_all();
     }
@@ -108,7 +114,7 @@ impl<T> WorkQueue<T> {
 const YIELDS_BEFORE_PARKING: usize = 4;
 
 /// Creates a one-shot hand-off: the [`Promise`] delivers one value, the [`Expected`] waits for it.
-pub(crate) fn oneshot<T>() -> (Promise<T>, Expected<T>) {
+pub fn oneshot<T>() -> (Promise<T>, Expected<T>) {
     let shared = Arc::new(Shared {
         state: Mutex::new(Slot::Waiting),
         filled: Condvar::new(),
@@ -135,13 +141,13 @@ enum Slot<T> {
 }
 
 /// The sending half of [`oneshot`]. Dropping it undelivered wakes the waiter with `None`.
-pub(crate) struct Promise<T> {
+pub struct Promise<T> {
     shared: Option<Arc<Shared<T>>>,
 }
 
 impl<T> Promise<T> {
     /// Delivers `value` and wakes the waiter (if it has gone, the value is dropped).
-    pub(crate) fn deliver(mut self, value: T) {
+    pub fn deliver(mut self, value: T) {
         if let Some(shared) = self.shared.take() {
             *shared.state.lock() = Slot::Delivered(value);
             shared.filled.notify_one();
@@ -165,7 +171,7 @@ impl<T> Drop for Promise<T> {
 }
 
 /// The receiving half of [`oneshot`].
-pub(crate) struct Expected<T> {
+pub struct Expected<T> {
     shared: Arc<Shared<T>>,
 }
 
@@ -178,7 +184,7 @@ impl<T> Expected<T> {
     /// throughput of `kv.get` callbacks at 64 in flight on the host of 2026-12-03 (68,000/s
     /// against 133,000/s with the yields); on that of 2026-12-05 it made no difference either
     /// way (docs/BENCHMARKS.md).
-    pub(crate) fn wait(self) -> Option<T> {
+    pub fn wait(self) -> Option<T> {
         for _ in 0..YIELDS_BEFORE_PARKING {
             if !matches!(*self.shared.state.lock(), Slot::Waiting) {
                 break;

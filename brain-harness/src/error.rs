@@ -1,7 +1,7 @@
 //! The SDK's error types: [`SendError`] (a message could not be queued), [`CallError`] (a
 //! `brain/call` failed) and [`HandlerError`] (a handler refuses `initialize` or fails a `run`).
 
-use crate::protocol::jsonrpc::RpcError;
+use brain_protocol::jsonrpc::RpcError;
 use serde_json::Value;
 use std::fmt;
 
