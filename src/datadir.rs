@@ -301,8 +301,8 @@ fn sync_dir(dir: &Path) -> Result<(), DataDirError> {
         .map_err(io(format!("syncing {}", dir.display())))
 }
 
-/// The subdirectories of `dir` (not following symbolic links); none when it cannot be listed,
-/// which is logged.
+/// The subdirectories of `dir` (not following symbolic links); none when it does not exist yet
+/// (no session has made one), or when it cannot be listed, which is logged.
 fn read_dirs(dir: &Path) -> Vec<PathBuf> {
     match fs::read_dir(dir) {
         Ok(entries) => entries
@@ -310,6 +310,7 @@ fn read_dirs(dir: &Path) -> Vec<PathBuf> {
             .filter(|entry| entry.file_type().is_ok_and(|kind| kind.is_dir()))
             .map(|entry| entry.path())
             .collect(),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Vec::new(),
         Err(error) => {
             log::error!("listing {}: {error}", dir.display());
             Vec::new()
