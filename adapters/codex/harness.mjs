@@ -34,7 +34,7 @@ import { createServer } from "node:http";
 import { createRequire } from "node:module";
 import { dirname, join } from "node:path";
 import { createInterface } from "node:readline";
-import { CallError, HarnessError, PROTOCOL, guardStdout, log, serve } from "../sdk-js/index.mjs";
+import { CallError, HarnessError, PROTOCOL, guardStdout, log, serve } from "@brain/harness-sdk";
 
 guardStdout();
 

@@ -23,8 +23,9 @@
 // else (console.log, process.stdout.write) to stderr.
 
 import { mkdirSync, readFileSync } from "node:fs";
+import { createRequire } from "node:module";
 import { join } from "node:path";
-import { CallError, HarnessError, PROTOCOL, guardStdout, log, serve } from "../sdk-js/index.mjs";
+import { CallError, HarnessError, PROTOCOL, guardStdout, log, serve } from "@brain/harness-sdk";
 
 // Take stdout before anything (Pi included) can print on it.
 guardStdout();
@@ -46,8 +47,9 @@ const COMPACTION_KEYS = ["enabled", "reserve_tokens", "keep_recent_tokens"];
 
 function piVersion() {
   try {
-    const url = new URL(`./node_modules/${PI_PACKAGE}/package.json`, import.meta.url);
-    return JSON.parse(readFileSync(url, "utf8")).version;
+    // Resolved as Node resolves it, so that an installed package (dependencies hoisted) finds it.
+    const path = createRequire(import.meta.url).resolve(`${PI_PACKAGE}/package.json`);
+    return JSON.parse(readFileSync(path, "utf8")).version;
   } catch {
     return "unknown";
   }
