@@ -11,7 +11,7 @@ use common::server::*;
 use common::*;
 use serde_json::json;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::Duration;
 
 /// The checkout.
@@ -23,28 +23,6 @@ const ADAPTERS: [&str; 2] = ["pi", "codex"];
 
 /// npm installs fetch from the registry when the cache lacks something: a longer bound than WAIT.
 const NPM_DEADLINE: Duration = Duration::from_secs(300);
-
-/// Runs `command` to its end within `limit`, failing the test with its output otherwise.
-fn run_within(command: &mut Command, limit: Duration) -> Output {
-    let child = command
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|error| panic!("spawn {command:?}: {error}"));
-    let pid = child.id();
-    let (tx, rx) = crossbeam_channel::bounded(1);
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait_with_output());
-    });
-    match rx.recv_timeout(limit) {
-        Ok(output) => output.expect("wait for the command"),
-        Err(_) => {
-            signal(pid, nix::sys::signal::Signal::SIGKILL);
-            panic!("{command:?} did not finish within {limit:?}");
-        }
-    }
-}
 
 fn succeeded(what: &str, output: &Output) -> String {
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();

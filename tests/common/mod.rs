@@ -123,26 +123,34 @@ pub fn parent_of(pid: u32) -> Option<u32> {
 
 /// Runs a command to completion, failing the test if it takes longer than [`WAIT`].
 pub fn run_bounded(command: &mut std::process::Command) -> std::process::Output {
+    run_within(command, WAIT)
+}
+
+/// Runs a command to completion, failing the test (and killing it) if it takes longer than `limit`.
+pub fn run_within(
+    command: &mut std::process::Command,
+    limit: std::time::Duration,
+) -> std::process::Output {
     use std::process::Stdio;
     let child = command
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("spawn command");
+        .unwrap_or_else(|error| panic!("spawn {command:?}: {error}"));
     let pid = child.id();
     let (tx, rx) = crossbeam_channel::bounded(1);
     std::thread::spawn(move || {
         let _ = tx.send(child.wait_with_output());
     });
-    match rx.recv_timeout(WAIT) {
+    match rx.recv_timeout(limit) {
         Ok(output) => output.expect("wait for command"),
         Err(_) => {
             let _ = nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(pid as i32),
                 nix::sys::signal::Signal::SIGKILL,
             );
-            panic!("command {command:?} did not finish within {WAIT:?}");
+            panic!("command {command:?} did not finish within {limit:?}");
         }
     }
 }
