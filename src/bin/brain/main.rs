@@ -416,6 +416,13 @@ fn parse_common(args: &[String]) -> Result<(Common, Vec<String>), String> {
                 common.workspace_roots.push(root);
             }
             "--data-dir" => o.data_dir = PathBuf::from(value()?),
+            "--instance" => {
+                let name = value()?;
+                o.instance = Some(
+                    brain::session::InstanceName::parse(&name)
+                        .map_err(|error| format!("--instance: {error}"))?,
+                );
+            }
             "--init-deadline" => o.init_deadline = duration(flag, &value()?)?,
             "--cancel-grace" => o.cancel_grace = duration(flag, &value()?)?,
             "--max-line-bytes" => o.max_line_bytes = number(flag, &value()?)?,
