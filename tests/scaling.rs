@@ -91,3 +91,171 @@ fn a_data_directory_keeps_its_instance_name_and_refuses_another_with_78() {
     drop(again);
     std::fs::remove_dir_all(&root).unwrap();
 }
+
+/// nginx from Debian (scripts/test installs it when missing), running in the foreground on
+/// 127.0.0.1 with the configuration `brain router-config` generates.
+struct Nginx {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        // SIGTERM lets the master stop its worker too (a SIGKILL would leave the worker).
+        signal(self.child.id(), nix::sys::signal::Signal::SIGTERM);
+        let _ = self.child.wait();
+    }
+}
+
+fn nginx(root: &std::path::Path, instances: &[(&str, &Served)]) -> Nginx {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let mut command = Command::new(BRAIN);
+    command.args(["router-config", "--listen", &format!("127.0.0.1:{port}")]);
+    for (name, served) in instances {
+        command.args(["--instance", &format!("{name}={}", served.addr)]);
+    }
+    let generated = run_bounded(&mut command);
+    assert!(generated.status.success(), "{generated:?}");
+    std::fs::write(root.join("brain.conf"), &generated.stdout).unwrap();
+    let r = root.display();
+    let conf = format!(
+        "daemon off;\nworker_processes 1;\npid {r}/nginx.pid;\nerror_log {r}/error.log;\n\
+         events {{}}\nhttp {{\n access_log off;\n client_body_temp_path {r}/body;\n \
+         proxy_temp_path {r}/proxy;\n fastcgi_temp_path {r}/fcgi;\n uwsgi_temp_path {r}/uwsgi;\n \
+         scgi_temp_path {r}/scgi;\n include {r}/brain.conf;\n}}\n"
+    );
+    std::fs::write(root.join("nginx.conf"), conf).unwrap();
+    let binary = ["/usr/sbin/nginx", "/usr/bin/nginx"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists())
+        .expect("nginx is not installed: scripts/test installs it (apt-get install nginx-light)");
+    let child = Command::new(binary)
+        .arg("-c")
+        .arg(root.join("nginx.conf"))
+        .arg("-p")
+        .arg(root)
+        .stdin(std::process::Stdio::null())
+        .spawn()
+        .expect("start nginx");
+    let nginx = Nginx { child, port };
+    let deadline = std::time::Instant::now() + WAIT;
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(std::time::Instant::now() < deadline, "nginx never listened");
+        std::thread::yield_now();
+    }
+    nginx
+}
+
+fn via(
+    nginx: &Nginx,
+    token: &str,
+    method: &str,
+    path: &str,
+    body: Option<serde_json::Value>,
+) -> u16 {
+    use std::io::{Read, Write};
+    let body = body.map(|b| b.to_string()).unwrap_or_default();
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", nginx.port)).unwrap();
+    stream.set_read_timeout(Some(WAIT)).unwrap();
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut reply = String::new();
+    let _ = stream.read_to_string(&mut reply);
+    reply
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status in {reply:?}"))
+}
+
+#[test]
+fn nginx_routes_creation_to_any_instance_and_sessions_to_their_owner() {
+    let root = temp_dir("scaling-nginx");
+    let token = "scaling-test-token-0123456789";
+    let start = |dir: &str, name: &str| {
+        let data = root.join(dir);
+        Start {
+            data: &data,
+            registrations: registrations(),
+            extra: &["--instance", name],
+            token: Some(token),
+            env: &[],
+            uid: None,
+        }
+        .run()
+    };
+    let a = start("a", "a");
+    let mut b = start("b", "b");
+    let router = nginx(&root, &[("a", &a), ("b", &b)]);
+    let (mut on_a, mut on_b) = (None, None);
+    let deadline = std::time::Instant::now() + WAIT;
+    while on_a.is_none() || on_b.is_none() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "creation never reached both"
+        );
+        let id = create(&a);
+        // Creating through the router lands on one of the two.
+        let status = via(
+            &router,
+            token,
+            "POST",
+            "/v1/sessions",
+            Some(json!({"agentloop": {"name": "f", "configuration": {}}})),
+        );
+        assert_eq!(status, 201);
+        let listed_b = b.call("GET", "/v1/sessions", None).expect(200, None).text();
+        let listed_a = a.call("GET", "/v1/sessions", None).expect(200, None).text();
+        if listed_b.contains("ses_1b") {
+            on_b = listed_b
+                .split("ses_1b")
+                .nth(1)
+                .map(|r| format!("ses_1b{}", &r[..18]));
+        }
+        if listed_a.contains("ses_1a") {
+            on_a = Some(id);
+        }
+    }
+    let (on_a, on_b) = (on_a.unwrap(), on_b.unwrap());
+    assert_eq!(
+        via(&router, token, "GET", &format!("/v1/sessions/{on_a}"), None),
+        200
+    );
+    assert_eq!(
+        via(&router, token, "GET", &format!("/v1/sessions/{on_b}"), None),
+        200
+    );
+    assert_eq!(
+        via(&router, token, "GET", "/instances/a/health/live", None),
+        204
+    );
+    // A killed instance: its sessions answer 502, the other's keep working, creation goes on.
+    b.signal(nix::sys::signal::Signal::SIGKILL);
+    b.wait_exit(WAIT);
+    let status = via(&router, token, "GET", &format!("/v1/sessions/{on_b}"), None);
+    assert!(status == 502 || status == 503, "{status}");
+    assert_eq!(
+        via(&router, token, "GET", &format!("/v1/sessions/{on_a}"), None),
+        200
+    );
+    for _ in 0..4 {
+        let status = via(
+            &router,
+            token,
+            "POST",
+            "/v1/sessions",
+            Some(json!({"agentloop": {"name": "f", "configuration": {}}})),
+        );
+        assert_eq!(status, 201);
+    }
+    drop((router, a, b));
+    std::fs::remove_dir_all(&root).unwrap();
+}

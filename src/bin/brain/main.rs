@@ -3,6 +3,7 @@
 //! Exit codes are a contract: 0 ok, 1 not ready / failed, 2 usage, 78 configuration refused.
 
 mod client;
+mod router;
 mod serve;
 
 use brain::effects::{Effects, LocalDriver, SandboxDriver, ScriptedProvider};
@@ -88,6 +89,7 @@ fn main() -> ExitCode {
         Some("ready") => ready_command(&args[1..]),
         Some("sessions") => sessions_command(&args[1..]),
         Some("journal") => journal_command(&args[1..]),
+        Some("router-config") => router_command(&args[1..]),
         Some("-h" | "--help" | "help") => {
             print!("{USAGE}");
             ExitCode::SUCCESS
@@ -306,6 +308,44 @@ fn journal_command(args: &[String]) -> ExitCode {
             return ExitCode::FAILURE;
         }
     }
+    ExitCode::SUCCESS
+}
+
+fn router_command(args: &[String]) -> ExitCode {
+    let mut instances = Vec::new();
+    let mut listen = "8080".to_owned();
+    let mut args = args.iter();
+    while let Some(arg) = args.next() {
+        let value = match arg.as_str() {
+            "--instance" | "--listen" => match args.next() {
+                Some(value) => value,
+                None => return usage_error(&format!("router-config: {arg} needs a value")),
+            },
+            other => return usage_error(&format!("router-config: unknown argument {other:?}")),
+        };
+        if arg == "--listen" {
+            listen = value.clone();
+            continue;
+        }
+        match router::parse_instance(value) {
+            Ok(instance)
+                if instances
+                    .iter()
+                    .any(|i: &router::Instance| i.name == instance.name) =>
+            {
+                return usage_error(&format!(
+                    "router-config: instance {} given twice",
+                    instance.name
+                ));
+            }
+            Ok(instance) => instances.push(instance),
+            Err(message) => return usage_error(&format!("router-config: {message}")),
+        }
+    }
+    if instances.is_empty() {
+        return usage_error("router-config: at least one --instance NAME=HOST:PORT is needed");
+    }
+    print!("{}", router::render(&instances, &listen));
     ExitCode::SUCCESS
 }
 
