@@ -180,20 +180,27 @@ fn via(
 fn nginx_routes_creation_to_any_instance_and_sessions_to_their_owner() {
     let root = temp_dir("scaling-nginx");
     let token = "scaling-test-token-0123456789";
-    let start = |dir: &str, name: &str| {
+    let free = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .to_string()
+    };
+    let (addr_a, addr_b) = (free(), free());
+    let start = |dir: &str, name: &str, addr: &str| {
         let data = root.join(dir);
         Start {
             data: &data,
             registrations: registrations(),
-            extra: &["--instance", name],
+            extra: &["--instance", name, "--listen", addr],
             token: Some(token),
             env: &[],
             uid: None,
         }
         .run()
     };
-    let a = start("a", "a");
-    let mut b = start("b", "b");
+    let a = start("a", "a", &addr_a);
+    let mut b = start("b", "b", &addr_b);
     let router = nginx(&root, &[("a", &a), ("b", &b)]);
     let (mut on_a, mut on_b) = (None, None);
     let deadline = std::time::Instant::now() + WAIT;
@@ -256,6 +263,13 @@ fn nginx_routes_creation_to_any_instance_and_sessions_to_their_owner() {
         );
         assert_eq!(status, 201);
     }
+    // It comes back on the same data directory and address, and its session with it.
+    drop(b);
+    let b = start("b", "b", &addr_b);
+    assert_eq!(
+        via(&router, token, "GET", &format!("/v1/sessions/{on_b}"), None),
+        200
+    );
     drop((router, a, b));
     std::fs::remove_dir_all(&root).unwrap();
 }
