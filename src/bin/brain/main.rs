@@ -26,6 +26,8 @@ commands:
   ready     exit 0 when the server at --listen is ready (a probe)
   sessions  list | show ID | events ID [AFTER] | cancel ID | close ID | delete ID, against the
             server at --listen (token from BRAIN_API_TOKEN or <data-dir>/operator.token)
+  router-config --instance NAME=HOST:PORT ... [--listen ADDR]: print the nginx configuration
+            routing to these named instances (docs/SCALING.md)
   journal   DATA_DIR SESSION_ID [--json]: print a session's records offline, read-only (safe
             beside a running server)
   run       start Brain, create a session (or continue --session), send MESSAGE, print the
@@ -59,6 +61,8 @@ options (serve, run, check):
   --agentloops FILE|JSON     registrations (default: $BRAIN_AGENTLOOPS, else the bundled
                              reference harness)
   --data-dir DIR             data directory (default ./brain-data)
+  --instance NAME            (serve) this instance's name behind a router, 1-4 letters or
+                             digits: recorded in the data directory, carried by session ids
   --init-deadline DURATION   initialize deadline (default 30s)
   --cancel-grace DURATION    grace before a kill after cancel or shutdown (default 5s)
   --max-line-bytes N         line limit (default 16777216)
