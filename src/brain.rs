@@ -301,6 +301,11 @@ impl Brain {
                 let datadir = DataDir::open(&options.data_dir).map_err(|error| StartError {
                     kind: StartErrorKind::DataDir(error),
                 })?;
+                datadir
+                    .bind_instance(options.instance.as_ref())
+                    .map_err(|error| StartError {
+                        kind: StartErrorKind::DataDir(error),
+                    })?;
                 let journal =
                     Arc::new(DiskJournal::open(&datadir.journal_dir()).map_err(|error| {
                         StartError {
@@ -497,6 +502,11 @@ impl Brain {
         }
     }
 
+    /// This Brain's instance name (`--instance`), if it has one.
+    pub fn instance(&self) -> Option<&crate::session::InstanceName> {
+        self.options.instance.as_ref()
+    }
+
     /// Creates a session (PROTOCOL.md §2) and returns its handle once `session_created` is
     /// durable. Refuses, naming what was wrong: an invalid request (`invalid_request`),
     /// `unknown_agentloop`, `agentloop_unavailable` (no healthy worker), `invalid_configuration`,
@@ -505,7 +515,11 @@ impl Brain {
         request
             .validate()
             .map_err(|error| ApiError::new(error.code, error.message))?;
-        let id = SessionId::generate().map_err(|error| {
+        let id = match &self.options.instance {
+            Some(instance) => SessionId::generate_for(instance),
+            None => SessionId::generate(),
+        }
+        .map_err(|error| {
             ApiError::new(
                 ErrorCode::InvalidRequest,
                 format!("generating a session id: {error}"),

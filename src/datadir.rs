@@ -9,7 +9,7 @@
 //! ```
 
 use crate::protocol::harness::InitializeResult;
-use crate::session::SessionId;
+use crate::session::{InstanceName, SessionId};
 use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
@@ -42,6 +42,15 @@ pub enum DataDirError {
         bound: String,
         /// The identity its workers declare.
         found: String,
+    },
+    /// The directory was first started under another instance name (or without one).
+    InstanceMismatch {
+        /// The data directory.
+        path: PathBuf,
+        /// The name recorded at first start (`None`: started without `--instance`).
+        recorded: Option<String>,
+        /// The name given now (`None`: no `--instance`).
+        given: Option<String>,
     },
     /// An operating-system error, with what Brain was doing.
     Io(String, io::Error),
@@ -77,6 +86,24 @@ impl fmt::Display for DataDirError {
                  but the workers declare {found}: a new state version needs a new data directory \
                  or an explicit migration"
             ),
+            DataDirError::InstanceMismatch {
+                path,
+                recorded,
+                given,
+            } => {
+                let show = |name: &Option<String>| match name {
+                    Some(name) => format!("instance {name:?}"),
+                    None => "no instance name".to_owned(),
+                };
+                write!(
+                    f,
+                    "{} belongs to {}, but this Brain was started with {}: the name is part of \
+                     every session id, so an instance keeps its data directory and its name",
+                    path.display(),
+                    show(recorded),
+                    show(given)
+                )
+            }
             DataDirError::Io(what, error) => write!(f, "{what}: {error}"),
         }
     }
@@ -228,6 +255,35 @@ impl DataDir {
         removed
     }
 
+    /// Records the instance name (`--instance`) on first start in `INSTANCE`, or checks it
+    /// against the recorded one: a data directory keeps the name its session ids carry. A
+    /// directory first started without a name records that too (an empty `INSTANCE`) once it
+    /// is checked here, so a name cannot be added later to ids that lack it.
+    pub fn bind_instance(&self, given: Option<&InstanceName>) -> Result<(), DataDirError> {
+        let path = self.root.join("INSTANCE");
+        let given_text = given.map(|name| name.as_str().to_owned());
+        match fs::read_to_string(&path) {
+            Ok(found) => {
+                let found = found.trim();
+                let recorded = (!found.is_empty()).then(|| found.to_owned());
+                if recorded != given_text {
+                    return Err(DataDirError::InstanceMismatch {
+                        path: self.root.clone(),
+                        recorded,
+                        given: given_text,
+                    });
+                }
+                Ok(())
+            }
+            Err(error) if error.kind() == io::ErrorKind::NotFound => {
+                let text = format!("{}\n", given_text.as_deref().unwrap_or(""));
+                write_durably(&path, text.as_bytes())?;
+                sync_dir(&self.root)
+            }
+            Err(error) => Err(io(format!("reading {}", path.display()))(error)),
+        }
+    }
+
     /// Binds a registration's harness identity to the directory, or checks it against the bound
     /// one: the identity name and state version must match; on first use they are written
     /// atomically and durably.
@@ -374,6 +430,33 @@ mod tests {
             DataDir::open(&root),
             Err(DataDirError::WrongFormat { .. })
         ));
+        fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn records_the_instance_name_and_refuses_another() {
+        let root = temp("instance");
+        let b1 = InstanceName::parse("b1").unwrap();
+        {
+            let dir = DataDir::open(&root).unwrap();
+            dir.bind_instance(Some(&b1)).unwrap();
+            dir.bind_instance(Some(&b1)).unwrap();
+        }
+        let dir = DataDir::open(&root).unwrap();
+        dir.bind_instance(Some(&b1)).unwrap();
+        for other in [Some(InstanceName::parse("b2").unwrap()), None] {
+            let error = dir.bind_instance(other.as_ref()).unwrap_err();
+            assert!(error.is_configuration());
+            assert!(error.to_string().contains("\"b1\""), "{error}");
+        }
+        drop(dir);
+        fs::remove_dir_all(&root).unwrap();
+        let root = temp("unnamed");
+        let dir = DataDir::open(&root).unwrap();
+        dir.bind_instance(None).unwrap();
+        let error = dir.bind_instance(Some(&b1)).unwrap_err();
+        assert!(error.to_string().contains("no instance name"), "{error}");
+        drop(dir);
         fs::remove_dir_all(&root).unwrap();
     }
 

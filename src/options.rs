@@ -9,6 +9,10 @@ use std::time::Duration;
 pub struct Options {
     /// The data directory. Harness state lives beneath `<data_dir>/agentloops/<registration>/`.
     pub data_dir: PathBuf,
+    /// This Brain's name among several behind a router (`--instance`, issue 28): recorded in the
+    /// data directory at first start and carried by every session id it makes
+    /// ([`SessionId::generate_for`](crate::session::SessionId::generate_for)). Default none.
+    pub instance: Option<crate::session::InstanceName>,
     /// How long a worker has from its spawn to answer `initialize` (default 30 s).
     pub init_deadline: Duration,
     /// How long a harness has to end after `cancel` or `shutdown` before its group is killed
@@ -39,6 +43,7 @@ impl Default for Options {
     fn default() -> Options {
         Options {
             data_dir: PathBuf::from("brain-data"),
+            instance: None,
             init_deadline: Duration::from_secs(30),
             cancel_grace: Duration::from_secs(5),
             max_line_bytes: 16 * 1024 * 1024,

@@ -188,6 +188,27 @@ fn shown(text: &str) -> String {
     format!("{shown:?}")
 }
 
+/// 421 Misdirected Request for an id another named instance made (issue 28): a router sent it
+/// to the wrong Brain, which must say so rather than `unknown_session`.
+fn misdirected(shared: &Shared, id: &SessionId) -> Option<Response> {
+    let ours = shared.brain.instance()?;
+    if id.belongs_to(ours) {
+        return None;
+    }
+    let owner = match id.instance_tag() {
+        Some(owner) => format!("instance {:?}", owner.as_str()),
+        None => "no instance".to_owned(),
+    };
+    Some(Response::error(
+        421,
+        "misdirected_request",
+        format!(
+            "session {id} belongs to {owner}, not to this instance {:?}: the router sent it here",
+            ours.as_str()
+        ),
+    ))
+}
+
 /// Answers a request that passed [`before_body`].
 pub(crate) fn handle(shared: &Shared, head: &Head, body: Vec<u8>) -> Reply {
     let Some(matched) = route(&head.path) else {
@@ -207,6 +228,9 @@ pub(crate) fn handle(shared: &Shared, head: &Head, body: Vec<u8>) -> Reply {
         Ok(id) => id,
         Err(message) => return Response::bad_request(message).into(),
     };
+    if let Some(misdirected) = misdirected(shared, &id) {
+        return misdirected.into();
+    }
     let session = shared.brain.session(&id);
     match (method, action) {
         ("GET", None) => api(session.info(), |info| Response::json(200, &info)),

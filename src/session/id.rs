@@ -39,6 +39,37 @@ impl SessionId {
         Ok(SessionId(id))
     }
 
+    /// A fresh random id carrying an instance's name at a fixed place, for a Brain running
+    /// `--instance NAME`: the body is the name's length (one digit, `1`–`4`), the name, then
+    /// random characters. A router matches `ses_<len><NAME>` as a plain prefix (`ses_2b1` for
+    /// `b1`); the length digit keeps one name from being a prefix of another. The id stays a
+    /// valid id of the current format; its random part is 15–18 characters of 62, at least
+    /// 15 × log2(62) ≈ 89 bits (an untagged id has ≈ 119).
+    pub fn generate_for(instance: &InstanceName) -> std::io::Result<SessionId> {
+        let mut id = SessionId::generate()?;
+        let name = instance.as_str().as_bytes();
+        let start = PREFIX.len();
+        id.0[start] = b'0' + name.len() as u8;
+        id.0[start + 1..start + 1 + name.len()].copy_from_slice(name);
+        Ok(id)
+    }
+
+    /// Whether this id carries `instance`'s tag (see [`SessionId::generate_for`]).
+    pub fn belongs_to(&self, instance: &InstanceName) -> bool {
+        self.as_str()[PREFIX.len()..].starts_with(&instance.tag())
+    }
+
+    /// The instance name an id would carry if it was made by a Brain run with `--instance`:
+    /// meaningful only where every instance is named (an untagged id may look tagged).
+    pub fn instance_tag(&self) -> Option<InstanceName> {
+        let body = &self.as_str()[PREFIX.len()..];
+        let len = usize::from(body.as_bytes()[0].checked_sub(b'0')?);
+        if !(1..=InstanceName::MAX_LEN).contains(&len) {
+            return None;
+        }
+        InstanceName::parse(&body[1..1 + len]).ok()
+    }
+
     /// Validates an id from outside. Refuses anything but `ses_` and 20 ASCII letters or digits,
     /// naming what was wrong.
     pub fn parse(text: &str) -> Result<SessionId, String> {
@@ -91,6 +122,47 @@ impl<'de> Deserialize<'de> for SessionId {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<SessionId, D::Error> {
         let text = String::deserialize(deserializer)?;
         SessionId::parse(&text).map_err(serde::de::Error::custom)
+    }
+}
+
+/// The name of one Brain instance among several behind a router (`brain serve --instance
+/// NAME`): 1–4 ASCII letters or digits.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub struct InstanceName(String);
+
+impl InstanceName {
+    /// The longest name allowed.
+    pub const MAX_LEN: usize = 4;
+
+    /// Validates a name, saying what was wrong.
+    pub fn parse(text: &str) -> Result<InstanceName, String> {
+        if text.is_empty()
+            || text.len() > Self::MAX_LEN
+            || !text.bytes().all(|b| b.is_ascii_alphanumeric())
+        {
+            let shown: String = text.chars().take(40).collect();
+            return Err(format!(
+                "instance name {shown:?} must be 1 to {} ASCII letters or digits",
+                Self::MAX_LEN
+            ));
+        }
+        Ok(InstanceName(text.to_owned()))
+    }
+
+    /// The name as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// What follows `ses_` in every id this instance makes: the name's length, then the name.
+    pub fn tag(&self) -> String {
+        format!("{}{}", self.0.len(), self.0)
+    }
+}
+
+impl fmt::Display for InstanceName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
     }
 }
 
@@ -217,6 +289,29 @@ mod tests {
         assert_eq!(texts, sorted);
         texts.dedup();
         assert_eq!(texts.len(), 3);
+    }
+
+    #[test]
+    fn tagged_ids_carry_their_instance_at_a_fixed_place() {
+        for name in ["a", "b1", "xyz", "Z9z9"] {
+            let instance = InstanceName::parse(name).unwrap();
+            let id = SessionId::generate_for(&instance).unwrap();
+            assert_eq!(SessionId::parse(id.as_str()), Ok(id.clone()));
+            assert!(
+                id.as_str()
+                    .starts_with(&format!("ses_{}{name}", name.len()))
+            );
+            assert!(id.belongs_to(&instance));
+            assert_eq!(id.instance_tag(), Some(instance.clone()));
+            assert_ne!(id, SessionId::generate_for(&instance).unwrap());
+        }
+        let a = InstanceName::parse("a").unwrap();
+        let a0 = InstanceName::parse("a0").unwrap();
+        assert!(!SessionId::generate_for(&a0).unwrap().belongs_to(&a));
+        assert!(!SessionId::generate_for(&a).unwrap().belongs_to(&a0));
+        for bad in ["", "abcde", "a-b", "é", "a b"] {
+            assert!(InstanceName::parse(bad).is_err(), "{bad:?} accepted");
+        }
     }
 
     #[test]

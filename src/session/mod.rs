@@ -6,8 +6,8 @@ mod request;
 mod shape;
 
 pub use check::{check_against_harness, check_input_media};
-pub use id::SessionId;
 pub(crate) use id::SessionIdMap;
+pub use id::{InstanceName, SessionId};
 pub use request::{
     CreateSession, DEFAULT_MODEL_NAME, DEFAULT_MODEL_PROVIDER, EnvironmentDecl, Grant,
     MAX_NAME_LEN, Permission, RequestError, Selection, ToolSpec, default_input_schema,

@@ -3,6 +3,7 @@
 //! Exit codes are a contract: 0 ok, 1 not ready / failed, 2 usage, 78 configuration refused.
 
 mod client;
+mod router;
 mod serve;
 
 use brain::effects::{Effects, LocalDriver, SandboxDriver, ScriptedProvider};
@@ -25,6 +26,8 @@ commands:
   ready     exit 0 when the server at --listen is ready (a probe)
   sessions  list | show ID | events ID [AFTER] | cancel ID | close ID | delete ID, against the
             server at --listen (token from BRAIN_API_TOKEN or <data-dir>/operator.token)
+  router-config --instance NAME=HOST:PORT ... [--listen ADDR]: print the nginx configuration
+            routing to these named instances (docs/SCALING.md)
   journal   DATA_DIR SESSION_ID [--json]: print a session's records offline, read-only (safe
             beside a running server)
   run       start Brain, create a session (or continue --session), send MESSAGE, print the
@@ -58,6 +61,8 @@ options (serve, run, check):
   --agentloops FILE|JSON     registrations (default: $BRAIN_AGENTLOOPS, else the bundled
                              reference harness)
   --data-dir DIR             data directory (default ./brain-data)
+  --instance NAME            (serve) this instance's name behind a router, 1-4 letters or
+                             digits: recorded in the data directory, carried by session ids
   --init-deadline DURATION   initialize deadline (default 30s)
   --cancel-grace DURATION    grace before a kill after cancel or shutdown (default 5s)
   --max-line-bytes N         line limit (default 16777216)
@@ -88,6 +93,7 @@ fn main() -> ExitCode {
         Some("ready") => ready_command(&args[1..]),
         Some("sessions") => sessions_command(&args[1..]),
         Some("journal") => journal_command(&args[1..]),
+        Some("router-config") => router_command(&args[1..]),
         Some("-h" | "--help" | "help") => {
             print!("{USAGE}");
             ExitCode::SUCCESS
@@ -309,6 +315,44 @@ fn journal_command(args: &[String]) -> ExitCode {
     ExitCode::SUCCESS
 }
 
+fn router_command(args: &[String]) -> ExitCode {
+    let mut instances = Vec::new();
+    let mut listen = "8080".to_owned();
+    let mut args = args.iter();
+    while let Some(arg) = args.next() {
+        let value = match arg.as_str() {
+            "--instance" | "--listen" => match args.next() {
+                Some(value) => value,
+                None => return usage_error(&format!("router-config: {arg} needs a value")),
+            },
+            other => return usage_error(&format!("router-config: unknown argument {other:?}")),
+        };
+        if arg == "--listen" {
+            listen = value.clone();
+            continue;
+        }
+        match router::parse_instance(value) {
+            Ok(instance)
+                if instances
+                    .iter()
+                    .any(|i: &router::Instance| i.name == instance.name) =>
+            {
+                return usage_error(&format!(
+                    "router-config: instance {} given twice",
+                    instance.name
+                ));
+            }
+            Ok(instance) => instances.push(instance),
+            Err(message) => return usage_error(&format!("router-config: {message}")),
+        }
+    }
+    if instances.is_empty() {
+        return usage_error("router-config: at least one --instance NAME=HOST:PORT is needed");
+    }
+    print!("{}", router::render(&instances, &listen));
+    ExitCode::SUCCESS
+}
+
 fn ready_command(args: &[String]) -> ExitCode {
     match listen_and_rest(args) {
         Ok((listen, _, rest)) if rest.is_empty() => client::ready(&listen),
@@ -416,6 +460,13 @@ fn parse_common(args: &[String]) -> Result<(Common, Vec<String>), String> {
                 common.workspace_roots.push(root);
             }
             "--data-dir" => o.data_dir = PathBuf::from(value()?),
+            "--instance" => {
+                let name = value()?;
+                o.instance = Some(
+                    brain::session::InstanceName::parse(&name)
+                        .map_err(|error| format!("--instance: {error}"))?,
+                );
+            }
             "--init-deadline" => o.init_deadline = duration(flag, &value()?)?,
             "--cancel-grace" => o.cancel_grace = duration(flag, &value()?)?,
             "--max-line-bytes" => o.max_line_bytes = number(flag, &value()?)?,
