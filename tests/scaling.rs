@@ -275,3 +275,85 @@ fn nginx_routes_creation_to_any_instance_and_sessions_to_their_owner() {
     drop((router, a, b));
     std::fs::remove_dir_all(&root).unwrap();
 }
+
+/// `brain sessions list --instance …` with the shared token, its exit code and its JSON.
+fn list_merged(token: &str, instances: &[(&str, &Served)]) -> (i32, serde_json::Value) {
+    let mut command = Command::new(BRAIN);
+    command.args(["sessions", "list"]);
+    for (name, served) in instances {
+        command.args(["--instance", &format!("{name}={}", served.addr)]);
+    }
+    let output = run_bounded(command.env("BRAIN_API_TOKEN", token));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let json = serde_json::from_str(&stdout).unwrap_or_else(|error| {
+        panic!(
+            "not JSON ({error}): {stdout}\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        )
+    });
+    (output.status.code().expect("an exit code"), json)
+}
+
+#[test]
+fn the_cli_merges_every_instances_listing_and_names_one_that_does_not_answer() {
+    let root = temp_dir("scaling-list");
+    let token = "scaling-list-token-0123456789";
+    let start = |name: &str| {
+        let data = root.join(name);
+        Start {
+            data: &data,
+            registrations: registrations(),
+            extra: &["--instance", name],
+            token: Some(token),
+            env: &[],
+            uid: None,
+        }
+        .run()
+    };
+    let (a, mut b) = (start("a"), start("b"));
+    let on_a = [create(&a), create(&a)];
+    let on_b = create(&b);
+
+    let (code, merged) = list_merged(token, &[("a", &a), ("b", &b)]);
+    assert_eq!(code, 0, "{merged}");
+    let listed: Vec<(String, String)> = merged["sessions"]
+        .as_array()
+        .expect("a sessions array")
+        .iter()
+        .map(|s| {
+            let field = |key: &str| s[key].as_str().expect(key).to_owned();
+            (field("session_id"), field("instance"))
+        })
+        .collect();
+    let mut expected = vec![
+        (on_a[0].clone(), "a".to_owned()),
+        (on_a[1].clone(), "a".to_owned()),
+        (on_b.clone(), "b".to_owned()),
+    ];
+    let mut sorted = listed.clone();
+    sorted.sort();
+    expected.sort();
+    assert_eq!(sorted, expected, "{merged}");
+    assert_eq!(
+        merged["instances"],
+        json!({"a": {"sessions": 2}, "b": {"sessions": 1}})
+    );
+
+    // An instance that is down is named, the others are still listed, and the exit says so.
+    b.signal(nix::sys::signal::Signal::SIGKILL);
+    b.wait_exit(WAIT);
+    let (code, merged) = list_merged(token, &[("a", &a), ("b", &b)]);
+    assert_eq!(code, 1, "{merged}");
+    assert_eq!(
+        merged["sessions"].as_array().map(Vec::len),
+        Some(2),
+        "{merged}"
+    );
+    assert_eq!(merged["instances"]["a"], json!({"sessions": 2}));
+    let error = merged["instances"]["b"]["error"]
+        .as_str()
+        .expect("b's error");
+    assert!(error.contains(&b.addr.to_string()), "{error}");
+    drop((a, b));
+    std::fs::remove_dir_all(&root).unwrap();
+}

@@ -143,3 +143,59 @@ fn route(args: &[String]) -> Result<(&'static str, String), String> {
     };
     Ok((method, path))
 }
+
+/// `brain sessions list --instance NAME=HOST:PORT …`: every instance's listing, merged into one
+/// `{"sessions": [...], "instances": {...}}`. Each session carries the `instance` that answered
+/// for it; `instances` says, per name, how many sessions it listed or why it could not be
+/// listed. The instances share one API token (`BRAIN_API_TOKEN`). Exit 1 when any instance did
+/// not answer its listing, after printing what the others did.
+pub fn list_merged(
+    instances: &[crate::router::Instance],
+    data_dir: &Path,
+) -> Result<ExitCode, Failure> {
+    let token = token(data_dir).map_err(Failure::Other)?;
+    let mut sessions = Vec::new();
+    let mut answered = serde_json::Map::new();
+    let mut complete = true;
+    for instance in instances {
+        let name = instance.name.as_str();
+        let listing = request(&instance.addr, "GET", "/v1/sessions", Some(&token), None).and_then(
+            |(status, body)| {
+                let json: serde_json::Value = serde_json::from_str(&body)
+                    .map_err(|e| format!("{}: the listing is not JSON: {e}", instance.addr))?;
+                match (status, json.get("sessions").and_then(|s| s.as_array())) {
+                    (200, Some(listed)) => Ok(listed.clone()),
+                    _ => Err(format!("{} answered {status}: {json}", instance.addr)),
+                }
+            },
+        );
+        match listing {
+            Ok(listed) => {
+                answered.insert(
+                    name.to_owned(),
+                    serde_json::json!({"sessions": listed.len()}),
+                );
+                sessions.extend(listed.into_iter().map(|mut session| {
+                    if let Some(fields) = session.as_object_mut() {
+                        fields.insert("instance".to_owned(), name.into());
+                    }
+                    session
+                }));
+            }
+            Err(error) => {
+                complete = false;
+                answered.insert(name.to_owned(), serde_json::json!({"error": error}));
+            }
+        }
+    }
+    let merged = serde_json::json!({"sessions": sessions, "instances": answered});
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&merged).unwrap_or_else(|_| merged.to_string())
+    );
+    Ok(if complete {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}

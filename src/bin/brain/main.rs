@@ -53,6 +53,7 @@ brain serve [options] [--listen ADDR] [--drain DURATION] [--script FILE] [--log-
 
 brain ready [--listen ADDR]
 brain sessions [--listen ADDR] [--data-dir DIR] SUBCOMMAND ...
+brain sessions list --instance NAME=HOST:PORT ...: every instance's listing, merged (one token)
 
 brain check [options] [--json]
   --json                     print the report as JSON
@@ -315,37 +316,37 @@ fn journal_command(args: &[String]) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-fn router_command(args: &[String]) -> ExitCode {
-    let mut instances = Vec::new();
-    let mut listen = "8080".to_owned();
+/// The `--instance NAME=HOST:PORT` arguments (each name once) and the rest.
+fn instances_and_rest(args: &[String]) -> Result<(Vec<router::Instance>, Vec<String>), String> {
+    let (mut instances, mut rest): (Vec<router::Instance>, _) = (Vec::new(), Vec::new());
     let mut args = args.iter();
     while let Some(arg) = args.next() {
-        let value = match arg.as_str() {
-            "--instance" | "--listen" => match args.next() {
-                Some(value) => value,
-                None => return usage_error(&format!("router-config: {arg} needs a value")),
-            },
-            other => return usage_error(&format!("router-config: unknown argument {other:?}")),
-        };
-        if arg == "--listen" {
-            listen = value.clone();
+        if arg != "--instance" {
+            rest.push(arg.clone());
             continue;
         }
-        match router::parse_instance(value) {
-            Ok(instance)
-                if instances
-                    .iter()
-                    .any(|i: &router::Instance| i.name == instance.name) =>
-            {
-                return usage_error(&format!(
-                    "router-config: instance {} given twice",
-                    instance.name
-                ));
-            }
-            Ok(instance) => instances.push(instance),
-            Err(message) => return usage_error(&format!("router-config: {message}")),
+        let instance = router::parse_instance(args.next().ok_or("--instance needs a value")?)?;
+        if instances.iter().any(|i| i.name == instance.name) {
+            return Err(format!("instance {} given twice", instance.name));
         }
+        instances.push(instance);
     }
+    Ok((instances, rest))
+}
+
+fn router_command(args: &[String]) -> ExitCode {
+    let (instances, rest) = match instances_and_rest(args) {
+        Ok(parsed) => parsed,
+        Err(message) => return usage_error(&format!("router-config: {message}")),
+    };
+    let listen = match rest.as_slice() {
+        [] => "8080".to_owned(),
+        [flag, listen] if flag == "--listen" => listen.clone(),
+        [flag] if flag == "--listen" => {
+            return usage_error("router-config: --listen needs a value");
+        }
+        other => return usage_error(&format!("router-config: unknown argument {:?}", other[0])),
+    };
     if instances.is_empty() {
         return usage_error("router-config: at least one --instance NAME=HOST:PORT is needed");
     }
@@ -366,7 +367,16 @@ fn sessions_command(args: &[String]) -> ExitCode {
         Ok(parsed) => parsed,
         Err(message) => return usage_error(&message),
     };
-    match client::sessions(&listen, &data_dir, &rest) {
+    let (instances, rest) = match instances_and_rest(&rest) {
+        Ok(parsed) => parsed,
+        Err(message) => return usage_error(&format!("sessions: {message}")),
+    };
+    let outcome = match (rest.first().map(String::as_str), instances.is_empty()) {
+        (_, true) => client::sessions(&listen, &data_dir, &rest),
+        (Some("list"), false) if rest.len() == 1 => client::list_merged(&instances, &data_dir),
+        _ => return usage_error("sessions: --instance goes with `list` alone"),
+    };
+    match outcome {
         Ok(code) => code,
         Err(client::Failure::Usage(message)) => usage_error(&message),
         Err(client::Failure::Other(message)) => {
