@@ -149,6 +149,21 @@ fn nginx(root: &std::path::Path, instances: &[(&str, &Served)]) -> Nginx {
     nginx
 }
 
+/// Follows a session's events through the router. HTTP/1.0, so nginx passes the stream through
+/// as it comes instead of re-chunking it.
+fn follow_via(nginx: &Nginx, token: &str, id: &str) -> common::http::Sse {
+    use std::io::Write;
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", nginx.port)).unwrap();
+    stream.set_read_timeout(Some(WAIT)).unwrap();
+    write!(
+        stream,
+        "GET /v1/sessions/{id}/events HTTP/1.0\r\nHost: x\r\nAuthorization: Bearer {token}\r\n\
+         Accept: text/event-stream\r\n\r\n"
+    )
+    .unwrap();
+    common::http::Sse::open(stream)
+}
+
 fn via(
     nginx: &Nginx,
     token: &str,
@@ -246,6 +261,27 @@ fn nginx_routes_creation_to_any_instance_and_sessions_to_their_owner() {
         via(&router, token, "GET", "/instances/a/health/live", None),
         204
     );
+    // SSE through the router flows live: nginx must not buffer the stream.
+    let mut events = follow_via(&router, token, &on_a);
+    let caught_up = events.until(|e| e.event == "session_created");
+    assert_eq!(caught_up.last().map(|e| e.id), Some(1));
+    assert_eq!(
+        via(
+            &router,
+            token,
+            "POST",
+            &format!("/v1/sessions/{on_a}/messages"),
+            Some(json!({"content": [{"type": "text", "text": "through nginx"}]})),
+        ),
+        200
+    );
+    let live = events.until(|e| e.event == "activation_finished");
+    assert!(
+        live.iter()
+            .any(|e| e.data.to_string().contains("through nginx")),
+        "{live:?}"
+    );
+    drop(events);
     // A killed instance: its sessions answer 502, the other's keep working, creation goes on.
     b.signal(nix::sys::signal::Signal::SIGKILL);
     b.wait_exit(WAIT);
