@@ -858,6 +858,30 @@ fn slow_and_idle_clients_do_not_block_others() {
     for _ in 0..3 {
         exchange(server.addr, &encode("GET", "/health/live", &[], b"")).expect(204, None);
     }
+
+    // A client trickling a body holds no worker either: its request waits in the accept thread
+    // until the whole body is there, while others are answered; then it is answered too.
+    let auth = bearer();
+    let body = json!({"agentloop": {"name": "ref", "configuration": {}}}).to_string();
+    let request = encode(
+        "POST",
+        "/v1/sessions",
+        &[
+            ("authorization", auth.as_str()),
+            ("content-type", "application/json"),
+        ],
+        body.as_bytes(),
+    );
+    let (head_and_half, rest) = request.split_at(request.len() - body.len() / 2);
+    let trickling = connect(server.addr);
+    (&trickling).write_all(head_and_half).unwrap();
+    for _ in 0..3 {
+        exchange(server.addr, &encode("GET", "/health/live", &[], b"")).expect(204, None);
+    }
+    (&trickling).write_all(rest).unwrap();
+    read_reply(&mut BufReader::new(trickling))
+        .unwrap()
+        .expect(201, None);
 }
 
 #[test]

@@ -1,7 +1,7 @@
 //! The accept thread: owns the listener and every idle connection, waits in `poll(2)`, and hands
 //! a connection to the workers once it has bytes to read.
 
-use super::request::MAX_HEAD_BYTES;
+use super::request::{MAX_HEAD_BYTES, parse_head};
 use super::response::Response;
 use super::server::{Conn, Shared};
 use crossbeam_channel::{Receiver, Sender, TrySendError};
@@ -111,11 +111,16 @@ impl Poller {
 
     fn take_returned(&mut self) {
         while let Ok(conn) = self.returned.try_recv() {
-            if conn.buf.is_empty() {
+            if request_ready(&conn.buf) {
+                self.dispatch(conn);
+            } else if conn.buf.is_empty() {
                 let deadline = Instant::now() + self.shared.options.idle_timeout;
                 self.idle.push((conn, deadline));
             } else {
-                self.dispatch(conn);
+                // The start of the next request came with the last one: the rest has a request's
+                // time to arrive.
+                let deadline = Instant::now() + self.shared.options.read_timeout;
+                self.idle.push((conn, deadline));
             }
         }
     }
@@ -213,17 +218,25 @@ impl Poller {
         self.idle.push((Conn::new(stream, peer, open), deadline));
     }
 
-    /// Reads what a readable connection sent, without blocking. Only a complete request head (or
-    /// one already too large, or a client that closed after part of one) goes to a worker: a
-    /// client sending half a request keeps no worker waiting, and a connection that was merely
-    /// closed is dropped here instead of taking a place in the workers' queue.
-    fn receive(&mut self, mut conn: Conn, deadline: Instant) {
-        match read_available(&mut conn) {
+    /// Reads what a readable connection sent, without blocking. Only a whole request (a complete
+    /// head and, up to [`MAX_POLLED_BODY_BYTES`], its whole body; or a head already too large or
+    /// malformed, or a client that closed after part of one) goes to a worker: a client trickling
+    /// part of a request keeps no worker waiting, and a connection that was merely closed is
+    /// dropped here instead of taking a place in the workers' queue. Once a kept-alive
+    /// connection's next request begins, its deadline is a request's ([`HttpOptions::read_timeout`]),
+    /// not the idle timeout.
+    ///
+    /// [`HttpOptions::read_timeout`]: super::HttpOptions::read_timeout
+    fn receive(&mut self, mut conn: Conn, mut deadline: Instant) {
+        let was_empty = conn.buf.is_empty();
+        let available = read_available(&mut conn);
+        if was_empty && !conn.buf.is_empty() {
+            deadline = deadline.min(Instant::now() + self.shared.options.read_timeout);
+        }
+        match available {
             Available::Closed if conn.buf.is_empty() => {}
             Available::Closed => self.dispatch(conn),
-            Available::More if head_complete(&conn.buf) || conn.buf.len() > MAX_HEAD_BYTES => {
-                self.dispatch(conn)
-            }
+            Available::More if request_ready(&conn.buf) => self.dispatch(conn),
             Available::More => self.idle.push((conn, deadline)),
         }
     }
@@ -259,7 +272,7 @@ fn read_available(conn: &mut Conn) -> Available {
     }
     let mut chunk = [0u8; 8192];
     let found = loop {
-        if conn.buf.len() > MAX_HEAD_BYTES {
+        if conn.buf.len() > MAX_HEAD_BYTES + MAX_POLLED_BODY_BYTES {
             break Available::More;
         }
         match conn.stream.read(&mut chunk) {
@@ -276,9 +289,37 @@ fn read_available(conn: &mut Conn) -> Available {
     found
 }
 
-/// Whether the buffer holds a whole request head (after any blank lines before it).
-fn head_complete(buf: &[u8]) -> bool {
-    buf.windows(4).any(|w| w == b"\r\n\r\n")
+/// Bodies up to this size are gathered here, before a worker is given the connection, so that a
+/// client trickling a small body holds no worker; a larger body is read by the worker under the
+/// request's deadline once the head's checks (token, route, size) have passed.
+const MAX_POLLED_BODY_BYTES: usize = 64 * 1024;
+
+/// Whether a worker should take the connection now: the buffer holds a whole request head and,
+/// for a body of at most [`MAX_POLLED_BODY_BYTES`], the whole body; or the head is too large or
+/// malformed, which a worker answers at once.
+fn request_ready(buf: &[u8]) -> bool {
+    // Empty lines before a request line are ignored (RFC 9112 §2.2), as the worker does.
+    let start = buf
+        .iter()
+        .take_while(|&&b| b == b'\r' || b == b'\n')
+        .count();
+    let Some(at) = buf[start..].windows(4).position(|w| w == b"\r\n\r\n") else {
+        return buf.len() > MAX_HEAD_BYTES;
+    };
+    let end = start + at + 4;
+    if end - start > MAX_HEAD_BYTES {
+        return true;
+    }
+    match parse_head(&buf[start..end - 4]) {
+        // A client that sent `Expect: 100-continue` waits for the worker's interim answer
+        // before it sends the body.
+        Ok(head)
+            if head.content_length <= MAX_POLLED_BODY_BYTES as u64 && !head.expects_continue() =>
+        {
+            (buf.len() - end) as u64 >= head.content_length
+        }
+        _ => true,
+    }
 }
 
 /// Which of the polled descriptors are ready.
