@@ -1055,3 +1055,69 @@ fn ready_exits_zero_against_a_ready_server_and_one_otherwise() {
         .expect(204, None);
     unready.terminate(WAIT);
 }
+
+#[test]
+fn the_http_thread_count_and_ready_queue_are_set_by_flags() {
+    use std::io::BufRead;
+    let data = temp_dir("serve-http-flags");
+    let served = serve(
+        &data,
+        json!({"f": {"command": FAULT_HARNESS}}),
+        &["--http-threads", "1", "--http-queue", "1"],
+    );
+    // The one request thread is held by a client that asked to continue and then sends nothing:
+    // the interim answer shows the thread has it.
+    let body = br#"{"agentloop": {"name": "f"}}"#;
+    let holder = common::http::connect(served.addr);
+    write!(
+        &holder,
+        "POST /v1/sessions HTTP/1.1\r\nauthorization: {}\r\ncontent-type: application/json\r\n\
+         expect: 100-continue\r\ncontent-length: {}\r\n\r\n",
+        served.bearer(),
+        body.len()
+    )
+    .unwrap();
+    let mut holder = BufReader::new(holder);
+    let mut interim = String::new();
+    holder.read_line(&mut interim).unwrap();
+    assert_eq!(interim, "HTTP/1.1 100 Continue\r\n");
+    holder.read_line(&mut interim).unwrap();
+    // Of two more ready requests, one waits in the queue of one and the other is refused at once
+    // (which is which depends on the order the accept thread reads them).
+    let (replies, answered) = crossbeam_channel::unbounded();
+    for _ in 0..2 {
+        let replies = replies.clone();
+        let stream = common::http::connect(served.addr);
+        (&stream)
+            .write_all(b"GET /health/live HTTP/1.1\r\nhost: x\r\n\r\n")
+            .unwrap();
+        std::thread::spawn(move || {
+            let _ = replies.send(read_reply(&mut BufReader::new(stream)).map(|r| r.status));
+        });
+    }
+    let first = answered.recv_timeout(WAIT).expect("an answer in time");
+    assert_eq!(
+        first.unwrap(),
+        503,
+        "the second ready request must be refused"
+    );
+    // The holder finishes; both it and the queued request are answered.
+    holder.get_ref().write_all(body).unwrap();
+    read_reply(&mut holder).unwrap().expect(201, None);
+    let second = answered.recv_timeout(WAIT).expect("an answer in time");
+    assert_eq!(second.unwrap(), 204);
+    drop(served);
+    std::fs::remove_dir_all(&data).unwrap();
+
+    // Refused flags name what was wrong and exit 2.
+    for (flag, value) in [
+        ("--http-queue", "0"),
+        ("--http-threads", "many"),
+        ("--http-read-timeout", "0"),
+    ] {
+        let output = run_bounded(Command::new(BRAIN).args(["serve", flag, value]));
+        assert_eq!(output.status.code(), Some(2), "{flag} {value}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(flag), "{stderr}");
+    }
+}

@@ -50,6 +50,12 @@ brain run [options] [--agentloop NAME] [--session ID] [--script FILE] [--json] M
 brain serve [options] [--listen ADDR] [--drain DURATION] [--script FILE] [--log-format json]
   --listen ADDR              where to serve (default 127.0.0.1:3210)
   --drain DURATION           how long running activations may finish at shutdown (default 30s)
+  --http-threads N           HTTP request threads (default 16)
+  --http-queue N             requests ready for a thread that may wait for one; past it 503
+                             overloaded (default 64)
+  --http-read-timeout DURATION
+                             the time a client has to send a whole request, head and body
+                             (default 30s; then 408)
 
 brain ready [--listen ADDR]
 brain sessions [--listen ADDR] [--data-dir DIR] SUBCOMMAND ...
@@ -169,14 +175,38 @@ fn serve_command(args: &[String]) -> ExitCode {
         None,
         false,
     );
+    let mut http = brain::http::HttpOptions::default();
     let mut rest = rest.into_iter();
     while let Some(arg) = rest.next() {
         match arg.as_str() {
-            "--listen" | "--drain" | "--script" | "--log-format" => {
+            "--listen"
+            | "--drain"
+            | "--script"
+            | "--log-format"
+            | "--http-threads"
+            | "--http-queue"
+            | "--http-read-timeout" => {
                 let Some(value) = rest.next() else {
                     return usage_error(&format!("{arg} needs a value"));
                 };
+                let positive = |value: &str| match number::<usize>(&arg, value) {
+                    Ok(0) => Err(format!("{arg}: must be at least 1")),
+                    parsed => parsed,
+                };
+                let parsed = match arg.as_str() {
+                    "--http-threads" => positive(&value).map(|n| http.threads = n),
+                    "--http-queue" => positive(&value).map(|n| http.accept_queue = n),
+                    "--http-read-timeout" => match duration(&arg, &value) {
+                        Ok(Duration::ZERO) => Err(format!("{arg}: must be longer than 0")),
+                        parsed => parsed.map(|d| http.read_timeout = d),
+                    },
+                    _ => Ok(()),
+                };
+                if let Err(message) = parsed {
+                    return usage_error(&message);
+                }
                 match arg.as_str() {
+                    "--http-threads" | "--http-queue" | "--http-read-timeout" => {}
                     "--listen" => listen = value,
                     "--drain" => match duration(&arg, &value) {
                         Ok(value) => drain = value,
@@ -218,6 +248,7 @@ fn serve_command(args: &[String]) -> ExitCode {
         config,
         listen,
         drain,
+        http,
     })
 }
 

@@ -13,6 +13,8 @@ pub struct Serve {
     pub config: Config,
     pub listen: String,
     pub drain: Duration,
+    /// The HTTP server's limits (`--http-threads`, `--http-queue`, `--http-read-timeout`).
+    pub http: HttpOptions,
 }
 
 /// Runs the server until a signal stops it. A signal during startup aborts it. After that, the
@@ -70,16 +72,15 @@ pub fn serve(serve: Serve) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let server =
-        match HttpServer::start(brain.clone(), &serve.listen, token, HttpOptions::default()) {
-            Ok(server) => server,
-            Err(error) => {
-                eprintln!("brain: listening on {}: {error}", serve.listen);
-                brain.shutdown(grace);
-                handle.close();
-                return ExitCode::FAILURE;
-            }
-        };
+    let server = match HttpServer::start(brain.clone(), &serve.listen, token, serve.http.clone()) {
+        Ok(server) => server,
+        Err(error) => {
+            eprintln!("brain: listening on {}: {error}", serve.listen);
+            brain.shutdown(grace);
+            handle.close();
+            return ExitCode::FAILURE;
+        }
+    };
     log::info!(
         "serving on http://{} (data directory {}); ready: {}",
         server.local_addr(),
