@@ -393,3 +393,29 @@ fn the_cli_merges_every_instances_listing_and_names_one_that_does_not_answer() {
     drop((a, b));
     std::fs::remove_dir_all(&root).unwrap();
 }
+
+#[test]
+fn the_shipped_nginx_configuration_is_the_generators_output() {
+    let output = run_bounded(Command::new(BRAIN).args([
+        "router-config",
+        "--listen",
+        "127.0.0.1:8080",
+        "--instance",
+        "a=127.0.0.1:8081",
+        "--instance",
+        "b=127.0.0.1:8082",
+        "--instance",
+        "c=127.0.0.1:8083",
+    ]));
+    assert!(output.status.success(), "{output:?}");
+    let shipped = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/nginx/brain.conf"
+    ))
+    .expect("examples/nginx/brain.conf");
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        shipped,
+        "regenerate examples/nginx/brain.conf with the command above"
+    );
+}
