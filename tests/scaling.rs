@@ -171,28 +171,42 @@ fn via(
     path: &str,
     body: Option<serde_json::Value>,
 ) -> u16 {
+    via_with(nginx, token, method, path, body, "").0
+}
+
+/// One request through the router with extra header lines; the status and the body.
+fn via_with(
+    nginx: &Nginx,
+    token: &str,
+    method: &str,
+    path: &str,
+    body: Option<serde_json::Value>,
+    headers: &str,
+) -> (u16, String) {
     use std::io::{Read, Write};
     let body = body.map(|b| b.to_string()).unwrap_or_default();
     let mut stream = std::net::TcpStream::connect(("127.0.0.1", nginx.port)).unwrap();
     stream.set_read_timeout(Some(WAIT)).unwrap();
     write!(
         stream,
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n\
-         Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "{method} {path} HTTP/1.0\r\nHost: x\r\nAuthorization: Bearer {token}\r\n{headers}\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     )
     .unwrap();
     let mut reply = String::new();
     let _ = stream.read_to_string(&mut reply);
-    reply
+    let status = reply
         .split_whitespace()
         .nth(1)
         .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("no status in {reply:?}"))
+        .unwrap_or_else(|| panic!("no status in {reply:?}"));
+    let body = reply.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    (status, body.to_owned())
 }
 
 #[test]
-fn nginx_routes_creation_to_any_instance_and_sessions_to_their_owner() {
+fn three_instances_behind_nginx_share_sessions_and_one_killed_affects_only_its_own() {
     let root = temp_dir("scaling-nginx");
     let token = "scaling-test-token-0123456789";
     let free = || {
@@ -201,9 +215,10 @@ fn nginx_routes_creation_to_any_instance_and_sessions_to_their_owner() {
             .expect("a free port")
             .to_string()
     };
-    let (addr_a, addr_b) = (free(), free());
-    let start = |dir: &str, name: &str, addr: &str| {
-        let data = root.join(dir);
+    let names = ["a", "b", "c"];
+    let addrs: Vec<String> = names.iter().map(|_| free()).collect();
+    let start = |name: &str, addr: &str| {
+        let data = root.join(name);
         Start {
             data: &data,
             registrations: registrations(),
@@ -214,67 +229,73 @@ fn nginx_routes_creation_to_any_instance_and_sessions_to_their_owner() {
         }
         .run()
     };
-    let a = start("a", "a", &addr_a);
-    let mut b = start("b", "b", &addr_b);
-    let router = nginx(&root, &[("a", &a), ("b", &b)]);
-    let (mut on_a, mut on_b) = (None, None);
-    let deadline = std::time::Instant::now() + WAIT;
-    while on_a.is_none() || on_b.is_none() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "creation never reached both"
-        );
-        // Creating through the router lands on one of the two.
-        let status = via(
+    let mut served: Vec<Served> = names.iter().zip(&addrs).map(|(n, a)| start(n, a)).collect();
+    let router = nginx(
+        &root,
+        &[("a", &served[0]), ("b", &served[1]), ("c", &served[2])],
+    );
+    let create_via = |configuration: serde_json::Value| {
+        let (status, body) = via_with(
             &router,
             token,
             "POST",
             "/v1/sessions",
-            Some(json!({"agentloop": {"name": "f", "configuration": {}}})),
+            Some(json!({"agentloop": {"name": "f", "configuration": configuration}})),
+            "",
         );
-        assert_eq!(status, 201);
-        let listed_b = b.call("GET", "/v1/sessions", None).expect(200, None).text();
-        let listed_a = a.call("GET", "/v1/sessions", None).expect(200, None).text();
-        if listed_b.contains("ses_1b") {
-            on_b = listed_b
-                .split("ses_1b")
-                .nth(1)
-                .map(|r| format!("ses_1b{}", &r[..18]));
-        }
-        if listed_a.contains("ses_1a") {
-            on_a = listed_a
-                .split("ses_1a")
-                .nth(1)
-                .map(|r| format!("ses_1a{}", &r[..18]));
-        }
+        assert_eq!(status, 201, "{body}");
+        let reply: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+        reply["session_id"].as_str().expect("an id").to_owned()
+    };
+    let owner = |id: &str| {
+        names
+            .iter()
+            .position(|n| id.starts_with(&format!("ses_1{n}")))
+    };
+
+    // 300 sessions created through the router land on all three, each at least 20 %.
+    let mut ids: Vec<String> = (0..300).map(|_| create_via(json!({}))).collect();
+    let mut per = [0usize; 3];
+    for id in &ids {
+        per[owner(id).unwrap_or_else(|| panic!("{id} names no instance"))] += 1;
     }
-    let (on_a, on_b) = (on_a.unwrap(), on_b.unwrap());
-    assert_eq!(
-        via(&router, token, "GET", &format!("/v1/sessions/{on_a}"), None),
-        200
+    assert!(
+        per.iter().all(|&n| n >= 60),
+        "sessions per instance: {per:?}"
     );
-    assert_eq!(
-        via(&router, token, "GET", &format!("/v1/sessions/{on_b}"), None),
-        200
-    );
-    assert_eq!(
-        via(&router, token, "GET", "/instances/a/health/live", None),
-        204
-    );
-    // SSE through the router flows live: nginx must not buffer the stream.
-    let mut events = follow_via(&router, token, &on_a);
-    let caught_up = events.until(|e| e.event == "session_created");
-    assert_eq!(caught_up.last().map(|e| e.id), Some(1));
-    assert_eq!(
-        via(
+    let first_of = |i: usize| ids.iter().find(|id| owner(id) == Some(i)).unwrap().clone();
+    let on: Vec<String> = (0..3).map(first_of).collect();
+
+    // Messages and events through the router reach each owner.
+    let message = |id: &str, text: &str| {
+        via_with(
             &router,
             token,
             "POST",
-            &format!("/v1/sessions/{on_a}/messages"),
-            Some(json!({"content": [{"type": "text", "text": "through nginx"}]})),
-        ),
-        200
-    );
+            &format!("/v1/sessions/{id}/messages"),
+            Some(json!({"content": [{"type": "text", "text": text}]})),
+            "",
+        )
+    };
+    for id in &on {
+        let (status, body) = message(id, &format!("hello {id}"));
+        assert_eq!(status, 200, "{body}");
+        assert!(body.contains(&format!("hello {id}")), "{body}");
+        let (status, body) = via_with(
+            &router,
+            token,
+            "GET",
+            &format!("/v1/sessions/{id}/events"),
+            None,
+            "",
+        );
+        assert_eq!(status, 200);
+        assert!(body.contains("activation_finished"), "{body}");
+    }
+    // SSE through the router flows live: nothing between holds the stream back.
+    let mut events = follow_via(&router, token, &on[0]);
+    events.until(|e| e.event == "activation_finished");
+    assert_eq!(message(&on[0], "through nginx").0, 200);
     let live = events.until(|e| e.event == "activation_finished");
     assert!(
         live.iter()
@@ -282,33 +303,88 @@ fn nginx_routes_creation_to_any_instance_and_sessions_to_their_owner() {
         "{live:?}"
     );
     drop(events);
-    // A killed instance: its sessions answer 502, the other's keep working, creation goes on.
-    b.signal(nix::sys::signal::Signal::SIGKILL);
-    b.wait_exit(WAIT);
-    let status = via(&router, token, "GET", &format!("/v1/sessions/{on_b}"), None);
+    // A cancel through the router reaches the owner and ends a hanging activation.
+    let hanging = create_via(json!({"fault": "hang"}));
+    ids.push(hanging.clone());
+    let mut events = follow_via(&router, token, &hanging);
+    events.until(|e| e.event == "session_created");
+    let (status, body) = via_with(
+        &router,
+        token,
+        "POST",
+        &format!("/v1/sessions/{hanging}/messages"),
+        Some(json!({"content": [{"type": "text", "text": "hang"}]})),
+        "Prefer: respond-async\r\n",
+    );
+    assert_eq!(status, 202, "{body}");
+    events.until(|e| e.event == "activation_started");
+    let (status, body) = via_with(
+        &router,
+        token,
+        "POST",
+        &format!("/v1/sessions/{hanging}/cancel"),
+        None,
+        "",
+    );
+    assert_eq!(status, 200, "{body}");
+    let finished = events.until(|e| e.event == "activation_finished");
+    let outcome = finished
+        .last()
+        .map(|e| e.data.to_string())
+        .unwrap_or_default();
+    assert!(outcome.contains("cancelled"), "{outcome}");
+    drop(events);
+
+    // SIGKILL of c: only c's sessions fail through the router; a and b keep serving creates and
+    // messages.
+    let mut c = served.pop().expect("c");
+    c.signal(nix::sys::signal::Signal::SIGKILL);
+    c.wait_exit(WAIT);
+    let status = via(
+        &router,
+        token,
+        "GET",
+        &format!("/v1/sessions/{}", on[2]),
+        None,
+    );
     assert!(status == 502 || status == 503, "{status}");
-    assert_eq!(
-        via(&router, token, "GET", &format!("/v1/sessions/{on_a}"), None),
-        200
-    );
-    for _ in 0..4 {
-        let status = via(
-            &router,
-            token,
-            "POST",
-            "/v1/sessions",
-            Some(json!({"agentloop": {"name": "f", "configuration": {}}})),
-        );
-        assert_eq!(status, 201);
+    for id in &on[..2] {
+        assert_eq!(message(id, "still here").0, 200);
     }
-    // It comes back on the same data directory and address, and its session with it.
-    drop(b);
-    let b = start("b", "b", &addr_b);
-    assert_eq!(
-        via(&router, token, "GET", &format!("/v1/sessions/{on_b}"), None),
-        200
+    for _ in 0..6 {
+        let id = create_via(json!({}));
+        assert_ne!(owner(&id), Some(2), "{id} was created on the dead instance");
+        ids.push(id);
+    }
+    // c comes back on the same data directory and address with every session of it.
+    drop(c);
+    served.push(start("c", &addrs[2]));
+    for id in ids.iter().filter(|id| owner(id) == Some(2)) {
+        assert_eq!(
+            via(&router, token, "GET", &format!("/v1/sessions/{id}"), None),
+            200,
+            "{id}"
+        );
+    }
+    let (status, body) = message(&on[2], "after the restart");
+    assert_eq!(status, 200, "{body}");
+
+    // The merged listing shows every session of the three.
+    let (code, merged) = list_merged(
+        token,
+        &[("a", &served[0]), ("b", &served[1]), ("c", &served[2])],
     );
-    drop((router, a, b));
+    assert_eq!(code, 0, "{merged}");
+    let mut listed: Vec<String> = merged["sessions"]
+        .as_array()
+        .expect("sessions")
+        .iter()
+        .map(|s| s["session_id"].as_str().expect("an id").to_owned())
+        .collect();
+    listed.sort();
+    ids.sort();
+    assert_eq!(listed, ids);
+    drop((router, served));
     std::fs::remove_dir_all(&root).unwrap();
 }
 
