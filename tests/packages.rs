@@ -18,8 +18,8 @@ use std::time::Duration;
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
 /// The packages, by directory under `adapters/`, and the adapters among them.
-const PACKAGES: [&str; 4] = ["sdk-js", "client", "pi", "codex"];
-const ADAPTERS: [&str; 2] = ["pi", "codex"];
+const PACKAGES: [&str; 5] = ["sdk-js", "client", "pi", "codex", "opencode"];
+const ADAPTERS: [&str; 3] = ["pi", "codex", "opencode"];
 
 /// npm installs fetch from the registry when the cache lacks something: a longer bound than WAIT.
 const NPM_DEADLINE: Duration = Duration::from_secs(300);
@@ -116,6 +116,7 @@ fn registrations() -> String {
     json!({
         "pi": {"command": "brain-agentloop-pi"},
         "codex": {"command": "brain-agentloop-codex"},
+        "opencode": {"command": "brain-agentloop-opencode"},
     })
     .to_string()
 }
@@ -190,9 +191,10 @@ fn the_typed_client_drives_each_installed_adapter_from_its_selection() {
 import {{ BrainClient }} from "{modules}/client/index.mjs";
 import {{ pi }} from "{modules}/agentloop-pi/index.mjs";
 import {{ codex }} from "{modules}/agentloop-codex/index.mjs";
+import {{ opencode }} from "{modules}/agentloop-opencode/index.mjs";
 const brain = new BrainClient({{ url: "http://{addr}", token: "{token}" }});
 const model = {{ provider: "scripted", name: "default", context_window: 200000, max_output_tokens: 8192 }};
-for (const selection of [pi({{ configuration: {{ compaction: false }} }}), codex()]) {{
+for (const selection of [pi({{ configuration: {{ compaction: false }} }}), codex(), opencode()]) {{
   const session = await brain.createSession(selection, {{ model }});
   const answer = await brain.send(session.session_id, `hi ${{selection.name}}`);
   const seen = [];
@@ -218,7 +220,7 @@ for (const selection of [pi({{ configuration: {{ compaction: false }} }}), codex
         .lines()
         .map(|line| serde_json::from_str(line).expect("one JSON line per adapter"))
         .collect();
-    assert_eq!(lines.len(), 2, "{printed}");
+    assert_eq!(lines.len(), ADAPTERS.len(), "{printed}");
     for (line, adapter) in lines.iter().zip(ADAPTERS) {
         assert_eq!(line["name"], adapter);
         assert_eq!(line["outcome"], "completed", "{line}");

@@ -1,0 +1,2 @@
+/** Starts the OpenCode harness on stdin/stdout (brain/harness/v1). */
+export function main(): Promise<unknown>;

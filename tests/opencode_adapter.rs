@@ -1,0 +1,573 @@
+//! The OpenCode harness adapter (`adapters/opencode`, issue 29) run by a real Brain: real `node`
+//! processes running the adapter, each session's real `opencode serve` 1.18.33 (opencode-linux-x64) from the npm
+//! lockfile, the `scripted` model provider behind the adapter's Chat Completions gateway, and the
+//! `local` tool driver. Needs `npm ci` in `adapters/opencode` (scripts/test does it).
+
+mod common;
+
+use brain::SessionStatus;
+use brain::protocol::harness::Event;
+use brain::protocol::harness::{Block, UserInput};
+use brain::session::CreateSession;
+use brain::{Activation, Brain, Options, Outcome, OutcomeKind, Registration, Session};
+use common::*;
+use serde_json::{Value, json};
+use std::ops::Deref;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// The checkout, where `examples/opencode.json` and `adapters/opencode` live.
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+/// A test's scratch directory: removed when the test passes, kept (and named) when it fails.
+struct Scratch(PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("kept the failed test's directory {}", self.0.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+/// A running Brain and its scratch directory; Brain stops before the directory goes.
+struct Running {
+    brain: Option<Brain>,
+    options: Options,
+    _scratch: Scratch,
+}
+
+impl Deref for Running {
+    type Target = Brain;
+    fn deref(&self) -> &Brain {
+        self.brain.as_ref().expect("a running Brain")
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(brain) = self.brain.take() {
+            brain.shutdown(Duration::from_secs(5));
+        }
+    }
+}
+
+impl Running {
+    /// Stops this Brain and starts another on the same data directory.
+    fn restart(&mut self) {
+        if let Some(brain) = self.brain.take() {
+            brain.shutdown(Duration::from_secs(5));
+        }
+        self.brain = Some(start(vec![opencode()], self.options.clone()));
+    }
+}
+
+/// The model every session here uses: the scripted provider with the metadata OpenCode requires.
+fn model(script: Option<Value>) -> Value {
+    let mut model = json!({"provider": "scripted", "name": "default",
+                           "context_window": 200_000, "max_output_tokens": 8192});
+    if let Some(script) = script {
+        model["options"] = json!({ "script": script });
+    }
+    model
+}
+
+/// The adapter's registration, after checking that its dependencies are installed.
+fn opencode() -> Registration {
+    let installed =
+        Path::new(ROOT).join("adapters/opencode/node_modules/opencode-linux-x64/package.json");
+    assert!(
+        installed.is_file(),
+        "{} is missing: run `npm ci` in adapters/opencode (scripts/test does)",
+        installed.display()
+    );
+    // Every test runs the worker under bubblewrap (issue 24): the adapter and its OpenCode
+    // processes need nothing outside the registration's state root.
+    Registration::new("opencode", "node")
+        .args([format!("{ROOT}/adapters/opencode/harness.mjs")])
+        .sandbox(true)
+}
+
+fn options(tag: &str) -> Options {
+    let mut options = fast_options(tag);
+    options.init_deadline = Duration::from_secs(30);
+    options.cancel_grace = Duration::from_secs(5);
+    options
+}
+
+fn start_opencode(tag: &str) -> Running {
+    let options = options(tag);
+    let scratch = Scratch(
+        options
+            .data_dir
+            .parent()
+            .expect("the data dir has a parent")
+            .to_path_buf(),
+    );
+    let brain = start(vec![opencode()], options.clone());
+    Running {
+        brain: Some(brain),
+        options,
+        _scratch: scratch,
+    }
+}
+
+fn create(brain: &Brain, request: Value) -> Session {
+    let request = CreateSession::parse(request.to_string().as_bytes()).expect("a valid request");
+    brain
+        .create_session(request)
+        .unwrap_or_else(|error| panic!("create session: {error}"))
+}
+
+fn text(text: &str) -> UserInput {
+    UserInput {
+        content: vec![Block::text(text)],
+    }
+}
+
+fn wait(activation: &Activation) -> Outcome {
+    activation
+        .wait_timeout(WAIT)
+        .unwrap_or_else(|| panic!("activation {} did not end", activation.sequence()))
+}
+
+fn records(session: &Session, kind: &str) -> Vec<Event> {
+    session
+        .events(0, 100_000)
+        .expect("events")
+        .into_iter()
+        .filter(|event| event.event_type == kind)
+        .collect()
+}
+
+/// The requests of the session's model calls, in order.
+fn model_requests(session: &Session) -> Vec<Value> {
+    records(session, "model_call_started")
+        .into_iter()
+        .map(|event| event.data["request"].clone())
+        .collect()
+}
+
+/// The names of the tools a model request offered.
+fn offered(request: &Value) -> Vec<String> {
+    request["tools"]
+        .as_array()
+        .map(|tools| {
+            tools
+                .iter()
+                .map(|tool| tool["name"].as_str().unwrap_or_default().to_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The text of a message's text blocks.
+fn texts(message: &Value) -> Vec<&str> {
+    message["content"]
+        .as_array()
+        .expect("content")
+        .iter()
+        .filter_map(|block| block["text"].as_str())
+        .collect()
+}
+
+/// The session's user and assistant texts of a model request (role, texts).
+fn conversation(request: &Value) -> Vec<(String, Vec<String>)> {
+    request["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .filter(|m| m["role"] == "user" || m["role"] == "assistant")
+        .map(|m| {
+            (
+                m["role"].as_str().unwrap_or_default().to_owned(),
+                texts(m).into_iter().map(str::to_owned).collect::<Vec<_>>(),
+            )
+        })
+        .filter(|(_, texts)| !texts.is_empty())
+        .collect()
+}
+
+fn answers(text: &str) -> Value {
+    json!({"message": {"role": "assistant", "content": [{"type": "text", "text": text}]},
+           "stop_reason": "end_turn", "usage": {}})
+}
+
+fn asks_for(tool: &str, input: Value) -> Value {
+    json!({"message": {"role": "assistant", "content": [
+              {"type": "text", "text": "Let me check."},
+              {"type": "tool_use", "id": "call_1", "name": tool, "input": input}]},
+           "stop_reason": "tool_use", "usage": {}})
+}
+
+#[test]
+fn a_text_turn_completes_with_opencode_s_answer() {
+    let brain = start_opencode("oc-text");
+    let session = create(
+        &brain,
+        json!({"agentloop": {"name": "opencode"}, "model": model(Some(json!([answers("hello there")]))),
+               "system": "You are terse."}),
+    );
+    let outcome = wait(&session.send(text("hi")).unwrap());
+    assert_eq!(outcome.outcome, OutcomeKind::Completed, "{outcome:?}");
+    let result = outcome.result.expect("a result");
+    assert_eq!(result["text"], "hello there");
+    assert_eq!(result["model_calls"], 1);
+
+    let requests = model_requests(&session);
+    assert_eq!(requests.len(), 1, "{requests:#?}");
+    let users: Vec<_> = conversation(&requests[0])
+        .into_iter()
+        .filter(|(role, _)| role == "user")
+        .collect();
+    assert_eq!(users.len(), 1);
+    assert!(users[0].1.iter().any(|t| t == "hi"), "{users:?}");
+    // No tools declared, and OpenCode's built-in tools are all excluded.
+    assert_eq!(offered(&requests[0]), Vec::<String>::new());
+
+    let (transcript, _) = session.transcript().unwrap();
+    let transcript = serde_json::to_value(&transcript).unwrap();
+    assert_eq!(
+        transcript[transcript.as_array().map_or(0, Vec::len) - 1]["content"][0]["text"],
+        "hello there"
+    );
+    let state_dir = session.info().unwrap().state_dir;
+    assert!(state_dir.join("opencode/session.json").is_file());
+    assert_nothing_installed(&state_dir);
+}
+
+/// A session declaring tool `lookup` in a `local` environment running `script` with /bin/sh.
+fn with_lookup_tool(script_for_model: Value, shell: &str) -> Value {
+    json!({
+        "agentloop": {"name": "opencode"},
+        "model": model(Some(script_for_model)),
+        "tools": [{"name": "lookup", "description": "Look a word up",
+                   "input_schema": {"type": "object", "properties": {"word": {"type": "string"}}},
+                   "placements": ["host"]}],
+        "environments": [{"name": "host", "driver": "local", "configuration": {
+            "tools": {"lookup": {"command": ["/bin/sh", "-c", shell]}}}}],
+    })
+}
+
+#[test]
+fn the_model_asks_for_a_tool_brain_runs_it_and_the_model_answers() {
+    let brain = start_opencode("oc-tool");
+    let script = json!([
+        asks_for("lookup", json!({"word": "pi"})),
+        answers("pi is 3.14")
+    ]);
+    let session = create(
+        &brain,
+        with_lookup_tool(script, "cat > input.json; echo found-314"),
+    );
+    let outcome = wait(&session.send(text("what is pi?")).unwrap());
+    assert_eq!(outcome.outcome, OutcomeKind::Completed, "{outcome:?}");
+    let result = outcome.result.expect("a result");
+    assert_eq!(result["text"], "pi is 3.14");
+    assert_eq!(result["model_calls"], 2);
+
+    let finished = records(&session, "tool_call_finished");
+    assert_eq!(finished.len(), 1, "{finished:?}");
+    assert_eq!(finished[0].data["outcome"], "ok");
+    let started = &records(&session, "tool_call_started")[0];
+    assert_eq!(started.data["name"], "lookup", "{}", started.data);
+    assert_eq!(started.data["environment"], "host");
+    assert_eq!(started.data["input"], json!({"word": "pi"}));
+
+    // Only Brain's tool is offered: OpenCode's built-in tools are excluded.
+    let requests = model_requests(&session);
+    assert_eq!(requests.len(), 2);
+    for request in &requests {
+        assert_eq!(offered(request), ["lookup"], "{request}");
+    }
+    let messages = requests[1]["messages"].as_array().unwrap();
+    let asked = &messages[messages.len() - 2];
+    assert_eq!(asked["role"], "assistant");
+    assert!(
+        asked["content"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|b| b["type"] == "tool_use" && b["name"] == "lookup" && b["id"] == "call_1"),
+        "{asked}"
+    );
+    let last = messages.last().unwrap();
+    assert_eq!(last["role"], "user");
+    assert_eq!(last["content"][0]["type"], "tool_result");
+    assert_eq!(last["content"][0]["tool_use_id"], "call_1");
+    assert!(
+        last["content"][0].to_string().contains("found-314"),
+        "{last}"
+    );
+}
+
+/// The OpenCode session id the adapter keeps in the session's state_dir.
+fn opencode_session_id(session: &Session) -> Value {
+    let path = session
+        .info()
+        .unwrap()
+        .state_dir
+        .join("opencode/session.json");
+    let text = std::fs::read_to_string(&path).expect("session.json");
+    serde_json::from_str(&text).expect("session.json is JSON")
+}
+
+/// No package was installed at run time: every node_modules in OpenCode's directories is empty
+/// (the adapter seeds the config directory's, with a lockfile naming the settled dependencies, so
+/// that OpenCode's background `npm install @opencode-ai/plugin` never starts).
+fn assert_nothing_installed(state_dir: &Path) {
+    fn walk(dir: &Path) {
+        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.file_name().is_some_and(|n| n == "node_modules") {
+                let installed: Vec<_> = std::fs::read_dir(&path)
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .map(|e| e.path())
+                    .collect();
+                assert!(
+                    installed.is_empty(),
+                    "OpenCode installed packages at run time: {installed:?}"
+                );
+            } else if path.is_dir() && !path.is_symlink() {
+                walk(&path);
+            }
+        }
+    }
+    let config = state_dir.join("opencode/config/opencode");
+    assert!(
+        config.join("node_modules").is_dir(),
+        "the adapter seeds {}",
+        config.display()
+    );
+    walk(&state_dir.join("opencode"));
+}
+
+#[test]
+fn a_second_message_after_brain_restarted_continues_the_same_opencode_session() {
+    let mut brain = start_opencode("oc-restart");
+    // No script: the scripted provider echoes the last user text.
+    let session = create(
+        &brain,
+        json!({"agentloop": {"name": "opencode"}, "model": model(None)}),
+    );
+    let first = wait(&session.send(text("remember the word kumquat")).unwrap());
+    assert_eq!(first.outcome, OutcomeKind::Completed, "{first:?}");
+    let id = opencode_session_id(&session);
+    let state_dir = session.info().unwrap().state_dir;
+
+    brain.restart();
+    let session = brain.session(session.id());
+    let second = wait(&session.send(text("which word?")).unwrap());
+    assert_eq!(second.outcome, OutcomeKind::Completed, "{second:?}");
+    assert_eq!(opencode_session_id(&session), id);
+    let requests = model_requests(&session);
+    assert_eq!(requests.len(), 2);
+    let said: Vec<_> = conversation(&requests[1])
+        .into_iter()
+        .flat_map(|(_, texts)| texts)
+        .collect();
+    assert!(
+        said.iter().any(|t| t.contains("kumquat")) && said.iter().any(|t| t == "which word?"),
+        "{said:?}"
+    );
+    assert_nothing_installed(&state_dir);
+}
+
+/// `brain run --agentloops examples/opencode.json --agentloop opencode MESSAGE`, optionally in a
+/// fresh network namespace with only loopback up.
+fn brain_run_opencode(tag: &str, offline: bool) {
+    let scratch = Scratch(temp_dir(tag));
+    let data = scratch.0.join("data");
+    let mut command = if offline {
+        let unshare = ["/usr/bin/unshare", "/bin/unshare"]
+            .into_iter()
+            .find(|path| Path::new(path).exists())
+            .expect("unshare (util-linux) is needed for the offline test");
+        let ip = ["/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"]
+            .into_iter()
+            .find(|path| Path::new(path).exists())
+            .expect("ip (iproute2) is needed to bring loopback up for the offline test");
+        let mut command = std::process::Command::new(unshare);
+        command.args([
+            "-n",
+            "--",
+            "/bin/sh",
+            "-c",
+            "\"$0\" link set lo up && exec \"$@\"",
+            ip,
+            BRAIN,
+        ]);
+        command
+    } else {
+        std::process::Command::new(BRAIN)
+    };
+    let output = run_bounded(
+        command
+            .current_dir(ROOT)
+            .args(["run", "--data-dir"])
+            .arg(&data)
+            .args([
+                "--agentloops",
+                "examples/opencode.json",
+                "--agentloop",
+                "opencode",
+            ])
+            .arg("hello from brain run"),
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "brain run failed: {stderr}");
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        "hello from brain run\n"
+    );
+}
+
+#[test]
+fn brain_run_completes_with_the_example_registration() {
+    brain_run_opencode("oc-run", false);
+}
+
+#[test]
+fn brain_run_completes_with_no_network_but_loopback() {
+    brain_run_opencode("oc-offline", true);
+}
+
+/// The running `opencode` processes whose XDG_CONFIG_HOME is this session's (read from /proc).
+fn opencode_processes(state_dir: &Path) -> Vec<u32> {
+    let wanted = format!(
+        "XDG_CONFIG_HOME={}",
+        state_dir.join("opencode/config").display()
+    );
+    all_pids()
+        .into_iter()
+        .filter(|&pid| !not_running(pid))
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ")).is_ok_and(|environ| {
+                environ
+                    .split(|&b| b == 0)
+                    .any(|var| var == wanted.as_bytes())
+            })
+        })
+        .collect()
+}
+
+/// Waits (bounded) until no OpenCode process of the session runs.
+fn assert_no_opencode(state_dir: &Path) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let pids = opencode_processes(state_dir);
+        if pids.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "opencode processes left for {}: {pids:?}",
+            state_dir.display()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn cancel_mid_turn_aborts_the_opencode_session_and_ends_cancelled_within_the_grace() {
+    let brain = start_opencode("oc-cancel");
+    let script = json!([
+        asks_for("lookup", json!({"word": "slow"})),
+        answers("never")
+    ]);
+    let session = create(&brain, with_lookup_tool(script, "exec sleep 60"));
+    let activation = session.send(text("take your time")).unwrap();
+    session
+        .wait_for_events(WAIT, |events| {
+            events.iter().any(|e| e.event_type == "tool_call_started")
+        })
+        .unwrap_or_else(|_| panic!("no tool_call_started in session {}", session.id()));
+    let grace = Duration::from_secs(5);
+    let asked = Instant::now();
+    assert!(session.cancel().unwrap().was_running);
+    let outcome = wait(&activation);
+    let took = asked.elapsed();
+    assert_eq!(outcome.outcome, OutcomeKind::Cancelled, "{outcome:?}");
+    assert!(took < grace, "cancel took {took:?}, the grace is {grace:?}");
+    eprintln!("cancel answered in {took:?}");
+    assert_eq!(brain.status().worker("opencode", 0).unwrap().restarts, 0);
+    // No model call started after the cancel.
+    assert_eq!(model_requests(&session).len(), 1);
+}
+
+#[test]
+fn a_failing_model_call_fails_the_turn_after_exactly_one_journaled_call() {
+    let brain = start_opencode("oc-fail");
+    // An empty script: the first model call fails ("script exhausted").
+    let session = create(
+        &brain,
+        json!({"agentloop": {"name": "opencode"}, "model": model(Some(json!([])))}),
+    );
+    let outcome = wait(&session.send(text("hi")).unwrap());
+    assert_eq!(outcome.outcome, OutcomeKind::Failed, "{outcome:?}");
+    // The turn fails with Brain's own error, not a later OpenCode one.
+    assert_eq!(
+        outcome.error.as_ref().unwrap().code.as_str(),
+        "model_failed"
+    );
+    assert_eq!(
+        records(&session, "model_call_started").len(),
+        1,
+        "OpenCode retried the failed model call"
+    );
+}
+
+#[test]
+fn close_stops_the_session_s_opencode_server() {
+    let brain = start_opencode("oc-close");
+    let session = create(
+        &brain,
+        json!({"agentloop": {"name": "opencode"}, "model": model(None)}),
+    );
+    let outcome = wait(&session.send(text("hi")).unwrap());
+    assert_eq!(outcome.outcome, OutcomeKind::Completed, "{outcome:?}");
+    let state_dir = session.info().unwrap().state_dir;
+    let pids = opencode_processes(&state_dir);
+    assert_eq!(
+        pids.len(),
+        1,
+        "one opencode serve per open session: {pids:?}"
+    );
+    session.close().unwrap();
+    assert!(
+        stops_within(pids[0], WAIT),
+        "opencode {} outlived close",
+        pids[0]
+    );
+    assert_no_opencode(&state_dir);
+    assert_eq!(session.info().unwrap().status, SessionStatus::Closed);
+}
+
+#[test]
+fn initialize_declares_the_adapter_s_and_opencode_s_versions_and_text_only_capabilities() {
+    let output = run_bounded(std::process::Command::new(BRAIN).current_dir(ROOT).args([
+        "check",
+        "--json",
+        "--agentloops",
+        "examples/opencode.json",
+    ]));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "brain check failed: {stdout}");
+    let report: Value = serde_json::from_str(&stdout).expect("brain check --json prints JSON");
+    let initialized = &report["registrations"][0]["workers"][0]["initialized"];
+    assert_eq!(
+        *initialized,
+        json!({
+            "protocol": "brain/harness/v1",
+            "identity": {"name": "agentloop-opencode", "version": "0.1.0+opencode.1.18.33"},
+            "state_version": "1",
+            "capabilities": {"media": false, "transcript_import": false, "fixed_tool_catalogue": true},
+            "configuration_keys": [],
+            "required_model_metadata": ["context_window", "max_output_tokens"],
+        })
+    );
+}
