@@ -236,6 +236,8 @@ fn a_text_turn_completes_with_opencode_s_answer() {
     let state_dir = session.info().unwrap().state_dir;
     assert!(state_dir.join("opencode/session.json").is_file());
     assert_nothing_installed(&state_dir);
+    // stdout carried protocol lines only: Brain counted no violation of the worker's.
+    assert_eq!(brain.status().worker("opencode", 0).unwrap().violations, 0);
 }
 
 /// A session declaring tool `lookup` in a `local` environment running `script` with /bin/sh.
@@ -570,4 +572,156 @@ fn initialize_declares_the_adapter_s_and_opencode_s_versions_and_text_only_capab
             "required_model_metadata": ["context_window", "max_output_tokens"],
         })
     );
+}
+
+fn worker_pid(brain: &Brain) -> u32 {
+    brain
+        .status()
+        .worker("opencode", 0)
+        .and_then(|worker| worker.pid)
+        .expect("a running worker")
+}
+
+fn kill(pid: u32) {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill the process");
+}
+
+#[test]
+fn a_second_message_after_the_idle_worker_was_killed_continues_the_same_opencode_session() {
+    let brain = start_opencode("oc-killed-idle");
+    let session = create(
+        &brain,
+        json!({"agentloop": {"name": "opencode"}, "model": model(None)}),
+    );
+    let first = wait(&session.send(text("remember the word kumquat")).unwrap());
+    assert_eq!(first.outcome, OutcomeKind::Completed, "{first:?}");
+    let id = opencode_session_id(&session);
+    let state_dir = session.info().unwrap().state_dir;
+    assert_eq!(opencode_processes(&state_dir).len(), 1);
+
+    let pid = worker_pid(&brain);
+    kill(pid);
+    brain
+        .wait_for(WAIT, |s| {
+            s.worker("opencode", 0).is_some_and(|w| {
+                w.state == brain::WorkerState::Healthy && w.pid.is_some_and(|p| p != pid)
+            })
+        })
+        .expect("the worker was respawned");
+    // The worker's OpenCode server went with it.
+    assert_no_opencode(&state_dir);
+    assert_eq!(session.info().unwrap().status, SessionStatus::Open);
+
+    let second = wait(&session.send(text("which word?")).unwrap());
+    assert_eq!(second.outcome, OutcomeKind::Completed, "{second:?}");
+    assert_eq!(opencode_session_id(&session), id);
+    let requests = model_requests(&session);
+    assert_eq!(requests.len(), 2);
+    let said: Vec<_> = conversation(&requests[1])
+        .into_iter()
+        .flat_map(|(_, texts)| texts)
+        .collect();
+    assert!(
+        said.iter().any(|t| t.contains("kumquat")) && said.iter().any(|t| t == "which word?"),
+        "{said:?}"
+    );
+}
+
+#[test]
+fn the_adapter_killed_mid_run_leaves_the_session_interrupted() {
+    let brain = start_opencode("oc-killed-run");
+    let script = json!([
+        asks_for("lookup", json!({"word": "slow"})),
+        answers("never")
+    ]);
+    let session = create(&brain, with_lookup_tool(script, "exec sleep 60"));
+    let activation = session.send(text("take your time")).unwrap();
+    session
+        .wait_for_events(WAIT, |events| {
+            events.iter().any(|e| e.event_type == "tool_call_started")
+        })
+        .unwrap_or_else(|_| panic!("no tool_call_started in session {}", session.id()));
+    let state_dir = session.info().unwrap().state_dir;
+    assert_eq!(opencode_processes(&state_dir).len(), 1);
+    kill(worker_pid(&brain));
+    let outcome = wait(&activation);
+    assert_eq!(outcome.outcome, OutcomeKind::Failed, "{outcome:?}");
+    assert_eq!(outcome.error.as_ref().unwrap().code.as_str(), "worker_lost");
+    assert_interrupted(&session, activation.sequence());
+    assert_no_opencode(&state_dir);
+}
+
+#[test]
+fn unknown_configuration_keys_missing_model_metadata_and_media_are_refused_at_creation() {
+    let brain = start_opencode("oc-refusals");
+    let parse = |request: Value| CreateSession::parse(request.to_string().as_bytes()).unwrap();
+    let unknown = brain
+        .create_session(parse(json!({
+            "agentloop": {"name": "opencode", "configuration": {"temprature": 0.2}},
+            "model": model(None)})))
+        .unwrap_err();
+    assert_eq!(unknown.code.as_str(), "invalid_configuration");
+    assert!(
+        unknown.message.contains("temprature"),
+        "{}",
+        unknown.message
+    );
+
+    let missing = brain
+        .create_session(parse(json!({
+            "agentloop": {"name": "opencode"},
+            "model": {"provider": "scripted", "name": "default", "context_window": 1000}})))
+        .unwrap_err();
+    assert_eq!(missing.code.as_str(), "missing_model_metadata");
+    assert!(
+        missing.message.contains("max_output_tokens"),
+        "{}",
+        missing.message
+    );
+
+    // Text only, starting from native state: an imported transcript and media are refused.
+    let imported = brain
+        .create_session(parse(json!({
+            "agentloop": {"name": "opencode"}, "model": model(None),
+            "transcript": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]})))
+        .unwrap_err();
+    assert_eq!(imported.code.as_str(), "unsupported_input");
+    let session = create(
+        &brain,
+        json!({"agentloop": {"name": "opencode"}, "model": model(None)}),
+    );
+    let image: UserInput = serde_json::from_value(json!({"content": [
+        {"type": "text", "text": "What does this show?"},
+        {"type": "image", "url": "https://example.com/chart.png"}]}))
+    .unwrap();
+    assert_eq!(
+        session.send(image).unwrap_err().code.as_str(),
+        "unsupported_input"
+    );
+    // Nothing was started for any of them.
+    assert!(opencode_processes(&session.info().unwrap().state_dir).is_empty());
+}
+
+#[test]
+fn deleting_the_session_removes_all_of_opencode_s_state() {
+    let brain = start_opencode("oc-delete");
+    let session = create(
+        &brain,
+        json!({"agentloop": {"name": "opencode"}, "model": model(None)}),
+    );
+    let outcome = wait(&session.send(text("hi")).unwrap());
+    assert_eq!(outcome.outcome, OutcomeKind::Completed, "{outcome:?}");
+    let state_dir = session.info().unwrap().state_dir;
+    let native = state_dir.join("opencode");
+    assert!(native.join("session.json").is_file());
+    let pid = opencode_processes(&state_dir)[0];
+    session.close().unwrap();
+    assert!(stops_within(pid, WAIT), "opencode {pid} outlived close");
+    session.delete().unwrap();
+    assert!(!native.exists(), "{} is still there", native.display());
+    assert!(!state_dir.exists());
 }
