@@ -5,74 +5,18 @@
 
 mod common;
 
-use brain::protocol::harness::Event;
-use brain::protocol::harness::{Block, UserInput};
+use brain::protocol::harness::UserInput;
 use brain::session::CreateSession;
-use brain::{Activation, Brain, Options, Outcome, OutcomeKind, Registration, Session};
+use brain::{Activation, Brain, Options, OutcomeKind, Registration, Session};
 use brain::{SessionStatus, WorkerState};
+use common::adapter::*;
 use common::*;
 use serde_json::{Value, json};
-use std::ops::Deref;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// The checkout, where `examples/codex.json` and `adapters/codex` live.
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
-
-/// A test's scratch directory: removed when the test passes, kept (and named) when it fails.
-struct Scratch(PathBuf);
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            eprintln!("kept the failed test's directory {}", self.0.display());
-        } else {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-}
-
-/// A running Brain and its scratch directory; Brain stops before the directory goes.
-struct Running {
-    brain: Option<Brain>,
-    options: Options,
-    _scratch: Scratch,
-}
-
-impl Deref for Running {
-    type Target = Brain;
-    fn deref(&self) -> &Brain {
-        self.brain.as_ref().expect("a running Brain")
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        if let Some(brain) = self.brain.take() {
-            brain.shutdown(Duration::from_secs(5));
-        }
-    }
-}
-
-impl Running {
-    /// Stops this Brain and starts another on the same data directory.
-    fn restart(&mut self) {
-        if let Some(brain) = self.brain.take() {
-            brain.shutdown(Duration::from_secs(5));
-        }
-        self.brain = Some(start(vec![codex()], self.options.clone()));
-    }
-}
-
-/// The model every session here uses: the scripted provider with the metadata Codex requires.
-fn model(script: Option<Value>) -> Value {
-    let mut model = json!({"provider": "scripted", "name": "default",
-                           "context_window": 200_000, "max_output_tokens": 8192});
-    if let Some(script) = script {
-        model["options"] = json!({ "script": script });
-    }
-    model
-}
 
 /// The adapter's registration, after checking that its dependencies are installed.
 fn codex() -> Registration {
@@ -104,56 +48,7 @@ fn start_codex(tag: &str) -> Running {
 }
 
 fn start_codex_with(tag: &str, registration: Registration) -> Running {
-    let options = options(tag);
-    let scratch = Scratch(
-        options
-            .data_dir
-            .parent()
-            .expect("the data dir has a parent")
-            .to_path_buf(),
-    );
-    let brain = start(vec![registration], options.clone());
-    Running {
-        brain: Some(brain),
-        options,
-        _scratch: scratch,
-    }
-}
-
-fn create(brain: &Brain, request: Value) -> Session {
-    let request = CreateSession::parse(request.to_string().as_bytes()).expect("a valid request");
-    brain
-        .create_session(request)
-        .unwrap_or_else(|error| panic!("create session: {error}"))
-}
-
-fn text(text: &str) -> UserInput {
-    UserInput {
-        content: vec![Block::text(text)],
-    }
-}
-
-fn wait(activation: &Activation) -> Outcome {
-    activation
-        .wait_timeout(WAIT)
-        .unwrap_or_else(|| panic!("activation {} did not end", activation.sequence()))
-}
-
-fn records(session: &Session, kind: &str) -> Vec<Event> {
-    session
-        .events(0, 100_000)
-        .expect("events")
-        .into_iter()
-        .filter(|event| event.event_type == kind)
-        .collect()
-}
-
-/// The requests of the session's model calls, in order.
-fn model_requests(session: &Session) -> Vec<Value> {
-    records(session, "model_call_started")
-        .into_iter()
-        .map(|event| event.data["request"].clone())
-        .collect()
+    Running::start(vec![registration], options(tag))
 }
 
 /// The names of the tools a model request offered.
@@ -179,14 +74,6 @@ fn worker_pid(brain: &Brain) -> u32 {
         .worker("codex", 0)
         .and_then(|worker| worker.pid)
         .expect("a running worker")
-}
-
-fn kill(pid: u32) {
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid as i32),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .expect("kill the process");
 }
 
 /// The running `codex` processes whose CODEX_HOME is this session's (read from /proc).
@@ -239,16 +126,6 @@ fn assert_no_codex(state_dir: &Path) {
     }
 }
 
-/// The text of a message's text blocks.
-fn texts(message: &Value) -> Vec<&str> {
-    message["content"]
-        .as_array()
-        .expect("content")
-        .iter()
-        .filter_map(|block| block["text"].as_str())
-        .collect()
-}
-
 /// A session declaring tool `lookup` in a `local` environment running `script` with /bin/sh.
 fn with_lookup_tool(script_for_model: Value, shell: &str) -> Value {
     json!({
@@ -274,11 +151,6 @@ fn asks_for(tool: &str, input: Value) -> Value {
               {"type": "text", "text": "Let me check."},
               {"type": "tool_use", "id": "call_1", "name": tool, "input": input}]},
            "stop_reason": "tool_use", "usage": {}})
-}
-
-fn answers(text: &str) -> Value {
-    json!({"message": {"role": "assistant", "content": [{"type": "text", "text": text}]},
-           "stop_reason": "end_turn", "usage": {}})
 }
 
 /// The session's user and assistant messages of a model request (role, texts).

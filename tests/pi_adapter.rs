@@ -4,11 +4,11 @@
 
 mod common;
 
-use brain::protocol::harness::Event;
-use brain::protocol::harness::{Block, UserInput};
+use brain::protocol::harness::UserInput;
 use brain::session::CreateSession;
-use brain::{Activation, Brain, Options, Outcome, OutcomeKind, Registration, Session};
+use brain::{Activation, Brain, Options, OutcomeKind, Registration, Session};
 use brain::{SessionStatus, WorkerState};
+use common::adapter::*;
 use common::*;
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
@@ -16,16 +16,6 @@ use std::time::{Duration, Instant};
 
 /// The checkout, where `examples/pi.json` and `adapters/pi` live.
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
-
-/// The model every session here uses: the scripted provider with the metadata Pi requires.
-fn model(script: Option<Value>) -> Value {
-    let mut model = json!({"provider": "scripted", "name": "default",
-                           "context_window": 200_000, "max_output_tokens": 8192});
-    if let Some(script) = script {
-        model["options"] = json!({ "script": script });
-    }
-    model
-}
 
 /// The adapter's registration, after checking that its dependencies are installed.
 fn pi() -> Registration {
@@ -54,42 +44,6 @@ fn start_pi(tag: &str) -> Brain {
     start(vec![pi()], options(tag))
 }
 
-fn create(brain: &Brain, request: Value) -> Session {
-    let request = CreateSession::parse(request.to_string().as_bytes()).expect("a valid request");
-    brain
-        .create_session(request)
-        .unwrap_or_else(|error| panic!("create session: {error}"))
-}
-
-fn text(text: &str) -> UserInput {
-    UserInput {
-        content: vec![Block::text(text)],
-    }
-}
-
-fn wait(activation: &Activation) -> Outcome {
-    activation
-        .wait_timeout(WAIT)
-        .unwrap_or_else(|| panic!("activation {} did not end", activation.sequence()))
-}
-
-fn records(session: &Session, kind: &str) -> Vec<Event> {
-    session
-        .events(0, 100_000)
-        .expect("events")
-        .into_iter()
-        .filter(|event| event.event_type == kind)
-        .collect()
-}
-
-/// The requests of the session's model calls, in order.
-fn model_requests(session: &Session) -> Vec<Value> {
-    records(session, "model_call_started")
-        .into_iter()
-        .map(|event| event.data["request"].clone())
-        .collect()
-}
-
 /// Blocks until the session's journal holds a record of `kind` (bounded by WAIT).
 fn wait_for_record(session: &Session, kind: &str) {
     session
@@ -111,16 +65,6 @@ fn kill(pid: u32) {
         nix::sys::signal::Signal::SIGKILL,
     )
     .expect("kill the worker");
-}
-
-/// The text of a message's text blocks.
-fn texts(message: &Value) -> Vec<&str> {
-    message["content"]
-        .as_array()
-        .expect("content")
-        .iter()
-        .filter_map(|block| block["text"].as_str())
-        .collect()
 }
 
 /// A session declaring tool `lookup` in a `local` environment running `script` with /bin/sh.
@@ -148,11 +92,6 @@ fn asks_for(tool: &str, input: Value) -> Value {
               {"type": "text", "text": "Let me check."},
               {"type": "tool_use", "id": "tu_1", "name": tool, "input": input}]},
            "stop_reason": "tool_use", "usage": {}})
-}
-
-fn answers(text: &str) -> Value {
-    json!({"message": {"role": "assistant", "content": [{"type": "text", "text": text}]},
-           "stop_reason": "end_turn", "usage": {}})
 }
 
 #[test]

@@ -2,6 +2,7 @@
 
 #![allow(dead_code)] // Each test crate uses a different subset.
 
+pub mod adapter;
 pub mod http;
 pub mod journal;
 pub mod server;

@@ -1,0 +1,147 @@
+//! What the upstream adapters' tests (`pi_adapter`, `codex_adapter`, `opencode_adapter`) share: a
+//! Brain that cleans up after a passing test, the scripted model with the metadata every adapter
+//! requires, and readers of what the journal recorded.
+
+use super::{WAIT, start};
+use brain::protocol::harness::{Block, Event, UserInput};
+use brain::session::CreateSession;
+use brain::{Activation, Brain, Options, Outcome, Registration, Session};
+use serde_json::{Value, json};
+use std::ops::Deref;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// A test's scratch directory: removed when the test passes, kept (and named) when it fails.
+pub struct Scratch(pub PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("kept the failed test's directory {}", self.0.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+/// A running Brain and its scratch directory; Brain stops before the directory goes.
+pub struct Running {
+    brain: Option<Brain>,
+    options: Options,
+    registrations: Vec<Registration>,
+    _scratch: Scratch,
+}
+
+impl Deref for Running {
+    type Target = Brain;
+    fn deref(&self) -> &Brain {
+        self.brain.as_ref().expect("a running Brain")
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(brain) = self.brain.take() {
+            brain.shutdown(Duration::from_secs(5));
+        }
+    }
+}
+
+impl Running {
+    /// Starts Brain with `registrations`; the data directory's parent is the test's scratch.
+    pub fn start(registrations: Vec<Registration>, options: Options) -> Running {
+        let scratch = Scratch(
+            options
+                .data_dir
+                .parent()
+                .expect("the data dir has a parent")
+                .to_path_buf(),
+        );
+        let brain = start(registrations.clone(), options.clone());
+        Running {
+            brain: Some(brain),
+            options,
+            registrations,
+            _scratch: scratch,
+        }
+    }
+
+    /// Stops this Brain and starts another with the same registrations on the same data
+    /// directory.
+    pub fn restart(&mut self) {
+        if let Some(brain) = self.brain.take() {
+            brain.shutdown(Duration::from_secs(5));
+        }
+        self.brain = Some(start(self.registrations.clone(), self.options.clone()));
+    }
+}
+
+/// The model every adapter session uses: the scripted provider with the metadata the adapters
+/// require; `script` is its list of ModelResults, one per model call (none: it echoes).
+pub fn model(script: Option<Value>) -> Value {
+    let mut model = json!({"provider": "scripted", "name": "default",
+                           "context_window": 200_000, "max_output_tokens": 8192});
+    if let Some(script) = script {
+        model["options"] = json!({ "script": script });
+    }
+    model
+}
+
+pub fn create(brain: &Brain, request: Value) -> Session {
+    let request = CreateSession::parse(request.to_string().as_bytes()).expect("a valid request");
+    brain
+        .create_session(request)
+        .unwrap_or_else(|error| panic!("create session: {error}"))
+}
+
+pub fn text(text: &str) -> UserInput {
+    UserInput {
+        content: vec![Block::text(text)],
+    }
+}
+
+pub fn wait(activation: &Activation) -> Outcome {
+    activation
+        .wait_timeout(WAIT)
+        .unwrap_or_else(|| panic!("activation {} did not end", activation.sequence()))
+}
+
+pub fn records(session: &Session, kind: &str) -> Vec<Event> {
+    session
+        .events(0, 100_000)
+        .expect("events")
+        .into_iter()
+        .filter(|event| event.event_type == kind)
+        .collect()
+}
+
+/// The requests of the session's model calls, in order.
+pub fn model_requests(session: &Session) -> Vec<Value> {
+    records(session, "model_call_started")
+        .into_iter()
+        .map(|event| event.data["request"].clone())
+        .collect()
+}
+
+/// The text of a message's text blocks.
+pub fn texts(message: &Value) -> Vec<&str> {
+    message["content"]
+        .as_array()
+        .expect("content")
+        .iter()
+        .filter_map(|block| block["text"].as_str())
+        .collect()
+}
+
+pub fn answers(text: &str) -> Value {
+    json!({"message": {"role": "assistant", "content": [{"type": "text", "text": text}]},
+           "stop_reason": "end_turn", "usage": {}})
+}
+
+pub fn kill(pid: u32) {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill the process");
+}
