@@ -682,63 +682,14 @@ fn deleting_the_session_removes_its_codex_home() {
     assert!(!state_dir.exists());
 }
 
-/// `brain run --agentloops examples/codex.json --agentloop codex MESSAGE`, optionally in a fresh
-/// network namespace with only loopback up.
-fn brain_run_codex(tag: &str, offline: bool) {
-    let scratch = Scratch(temp_dir(tag));
-    let data = scratch.0.join("data");
-    let mut command = if offline {
-        let unshare = ["/usr/bin/unshare", "/bin/unshare"]
-            .into_iter()
-            .find(|path| Path::new(path).exists())
-            .expect("unshare (util-linux) is needed for the offline test");
-        let ip = ["/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"]
-            .into_iter()
-            .find(|path| Path::new(path).exists())
-            .expect("ip (iproute2) is needed to bring loopback up for the offline test");
-        let mut command = std::process::Command::new(unshare);
-        command.args([
-            "-n",
-            "--",
-            "/bin/sh",
-            "-c",
-            "\"$0\" link set lo up && exec \"$@\"",
-            ip,
-            BRAIN,
-        ]);
-        command
-    } else {
-        std::process::Command::new(BRAIN)
-    };
-    let output = run_bounded(
-        command
-            .current_dir(ROOT)
-            .args(["run", "--data-dir"])
-            .arg(&data)
-            .args([
-                "--agentloops",
-                "examples/codex.json",
-                "--agentloop",
-                "codex",
-            ])
-            .arg("hello from brain run"),
-    );
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "brain run failed: {stderr}");
-    assert_eq!(
-        String::from_utf8_lossy(&output.stdout),
-        "hello from brain run\n"
-    );
-}
-
 #[test]
 fn brain_run_completes_with_the_example_registration() {
-    brain_run_codex("codex-run", false);
+    brain_run_example("codex", "codex-run", false);
 }
 
 #[test]
 fn brain_run_completes_with_no_network_but_loopback() {
-    brain_run_codex("codex-offline", true);
+    brain_run_example("codex", "codex-offline", true);
 }
 
 /// The gateway's base URL as the session's Codex was given it, from its command line.

@@ -259,63 +259,14 @@ fn a_second_message_after_brain_restarted_continues_the_same_opencode_session() 
     assert_nothing_installed(&state_dir);
 }
 
-/// `brain run --agentloops examples/opencode.json --agentloop opencode MESSAGE`, optionally in a
-/// fresh network namespace with only loopback up.
-fn brain_run_opencode(tag: &str, offline: bool) {
-    let scratch = Scratch(temp_dir(tag));
-    let data = scratch.0.join("data");
-    let mut command = if offline {
-        let unshare = ["/usr/bin/unshare", "/bin/unshare"]
-            .into_iter()
-            .find(|path| Path::new(path).exists())
-            .expect("unshare (util-linux) is needed for the offline test");
-        let ip = ["/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"]
-            .into_iter()
-            .find(|path| Path::new(path).exists())
-            .expect("ip (iproute2) is needed to bring loopback up for the offline test");
-        let mut command = std::process::Command::new(unshare);
-        command.args([
-            "-n",
-            "--",
-            "/bin/sh",
-            "-c",
-            "\"$0\" link set lo up && exec \"$@\"",
-            ip,
-            BRAIN,
-        ]);
-        command
-    } else {
-        std::process::Command::new(BRAIN)
-    };
-    let output = run_bounded(
-        command
-            .current_dir(ROOT)
-            .args(["run", "--data-dir"])
-            .arg(&data)
-            .args([
-                "--agentloops",
-                "examples/opencode.json",
-                "--agentloop",
-                "opencode",
-            ])
-            .arg("hello from brain run"),
-    );
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "brain run failed: {stderr}");
-    assert_eq!(
-        String::from_utf8_lossy(&output.stdout),
-        "hello from brain run\n"
-    );
-}
-
 #[test]
 fn brain_run_completes_with_the_example_registration() {
-    brain_run_opencode("oc-run", false);
+    brain_run_example("opencode", "oc-run", false);
 }
 
 #[test]
 fn brain_run_completes_with_no_network_but_loopback() {
-    brain_run_opencode("oc-offline", true);
+    brain_run_example("opencode", "oc-offline", true);
 }
 
 /// The running `opencode` processes whose XDG_CONFIG_HOME is this session's (read from /proc).
@@ -354,20 +305,26 @@ fn assert_no_opencode(state_dir: &Path) {
     }
 }
 
-#[test]
-fn cancel_mid_turn_aborts_the_opencode_session_and_ends_cancelled_within_the_grace() {
-    let brain = start_opencode("oc-cancel");
+/// A session whose activation is running a tool that takes a minute.
+fn blocked_in_a_tool(brain: &Brain) -> (Session, brain::Activation) {
     let script = json!([
         asks_for("lookup", json!({"word": "slow"})),
         answers("never")
     ]);
-    let session = create(&brain, with_lookup_tool(script, "exec sleep 60"));
+    let session = create(brain, with_lookup_tool(script, "exec sleep 60"));
     let activation = session.send(text("take your time")).unwrap();
     session
         .wait_for_events(WAIT, |events| {
             events.iter().any(|e| e.event_type == "tool_call_started")
         })
         .unwrap_or_else(|_| panic!("no tool_call_started in session {}", session.id()));
+    (session, activation)
+}
+
+#[test]
+fn cancel_mid_turn_aborts_the_opencode_session_and_ends_cancelled_within_the_grace() {
+    let brain = start_opencode("oc-cancel");
+    let (session, activation) = blocked_in_a_tool(&brain);
     let grace = Duration::from_secs(5);
     let asked = Instant::now();
     assert!(session.cancel().unwrap().was_running);
@@ -506,17 +463,7 @@ fn a_second_message_after_the_idle_worker_was_killed_continues_the_same_opencode
 #[test]
 fn the_adapter_killed_mid_run_leaves_the_session_interrupted() {
     let brain = start_opencode("oc-killed-run");
-    let script = json!([
-        asks_for("lookup", json!({"word": "slow"})),
-        answers("never")
-    ]);
-    let session = create(&brain, with_lookup_tool(script, "exec sleep 60"));
-    let activation = session.send(text("take your time")).unwrap();
-    session
-        .wait_for_events(WAIT, |events| {
-            events.iter().any(|e| e.event_type == "tool_call_started")
-        })
-        .unwrap_or_else(|_| panic!("no tool_call_started in session {}", session.id()));
+    let (session, activation) = blocked_in_a_tool(&brain);
     let state_dir = session.info().unwrap().state_dir;
     assert_eq!(opencode_processes(&state_dir).len(), 1);
     kill(worker_pid(&brain));

@@ -2,13 +2,13 @@
 //! Brain that cleans up after a passing test, the scripted model with the metadata every adapter
 //! requires, and readers of what the journal recorded.
 
-use super::{WAIT, start};
+use super::{BRAIN, WAIT, run_bounded, start, temp_dir};
 use brain::protocol::harness::{Block, Event, UserInput};
 use brain::session::CreateSession;
 use brain::{Activation, Brain, Options, Outcome, Registration, Session};
 use serde_json::{Value, json};
 use std::ops::Deref;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// A test's scratch directory: removed when the test passes, kept (and named) when it fails.
@@ -144,4 +144,49 @@ pub fn kill(pid: u32) {
         nix::sys::signal::Signal::SIGKILL,
     )
     .expect("kill the process");
+}
+
+/// `brain run --agentloops examples/ADAPTER.json --agentloop ADAPTER MESSAGE` from the checkout,
+/// optionally in a fresh network namespace with only loopback up; the scripted model echoes.
+pub fn brain_run_example(adapter: &str, tag: &str, offline: bool) {
+    let scratch = Scratch(temp_dir(tag));
+    let data = scratch.0.join("data");
+    let mut command = if offline {
+        let unshare = ["/usr/bin/unshare", "/bin/unshare"]
+            .into_iter()
+            .find(|path| Path::new(path).exists())
+            .expect("unshare (util-linux) is needed for the offline test");
+        let ip = ["/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"]
+            .into_iter()
+            .find(|path| Path::new(path).exists())
+            .expect("ip (iproute2) is needed to bring loopback up for the offline test");
+        let mut command = std::process::Command::new(unshare);
+        command.args([
+            "-n",
+            "--",
+            "/bin/sh",
+            "-c",
+            "\"$0\" link set lo up && exec \"$@\"",
+            ip,
+            BRAIN,
+        ]);
+        command
+    } else {
+        std::process::Command::new(BRAIN)
+    };
+    let output = run_bounded(
+        command
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .args(["run", "--data-dir"])
+            .arg(&data)
+            .args(["--agentloops", &format!("examples/{adapter}.json")])
+            .args(["--agentloop", adapter])
+            .arg("hello from brain run"),
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "brain run failed: {stderr}");
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        "hello from brain run\n"
+    );
 }
