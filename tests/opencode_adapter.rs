@@ -6,8 +6,6 @@
 mod common;
 
 use brain::SessionStatus;
-use brain::protocol::harness::UserInput;
-use brain::session::CreateSession;
 use brain::{Brain, Options, OutcomeKind, Registration, Session};
 use common::adapter::*;
 use common::*;
@@ -477,50 +475,7 @@ fn the_adapter_killed_mid_run_leaves_the_session_interrupted() {
 #[test]
 fn unknown_configuration_keys_missing_model_metadata_and_media_are_refused_at_creation() {
     let brain = start_opencode("oc-refusals");
-    let parse = |request: Value| CreateSession::parse(request.to_string().as_bytes()).unwrap();
-    let unknown = brain
-        .create_session(parse(json!({
-            "agentloop": {"name": "opencode", "configuration": {"temprature": 0.2}},
-            "model": model(None)})))
-        .unwrap_err();
-    assert_eq!(unknown.code.as_str(), "invalid_configuration");
-    assert!(
-        unknown.message.contains("temprature"),
-        "{}",
-        unknown.message
-    );
-
-    let missing = brain
-        .create_session(parse(json!({
-            "agentloop": {"name": "opencode"},
-            "model": {"provider": "scripted", "name": "default", "context_window": 1000}})))
-        .unwrap_err();
-    assert_eq!(missing.code.as_str(), "missing_model_metadata");
-    assert!(
-        missing.message.contains("max_output_tokens"),
-        "{}",
-        missing.message
-    );
-
-    // Text only, starting from native state: an imported transcript and media are refused.
-    let imported = brain
-        .create_session(parse(json!({
-            "agentloop": {"name": "opencode"}, "model": model(None),
-            "transcript": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]})))
-        .unwrap_err();
-    assert_eq!(imported.code.as_str(), "unsupported_input");
-    let session = create(
-        &brain,
-        json!({"agentloop": {"name": "opencode"}, "model": model(None)}),
-    );
-    let image: UserInput = serde_json::from_value(json!({"content": [
-        {"type": "text", "text": "What does this show?"},
-        {"type": "image", "url": "https://example.com/chart.png"}]}))
-    .unwrap();
-    assert_eq!(
-        session.send(image).unwrap_err().code.as_str(),
-        "unsupported_input"
-    );
+    let session = assert_text_only_refusals(&brain, "opencode");
     // Nothing was started for any of them.
     assert!(opencode_processes(&session.info().unwrap().state_dir).is_empty());
 }

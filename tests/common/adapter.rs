@@ -190,3 +190,54 @@ pub fn brain_run_example(adapter: &str, tag: &str, offline: bool) {
         "hello from brain run\n"
     );
 }
+
+/// The refusals of a text-only adapter that starts from native state and requires the model's
+/// limits: an unknown configuration key, missing metadata and an imported transcript at creation,
+/// media at send. Returns the valid session it created for the last check.
+pub fn assert_text_only_refusals(brain: &Brain, adapter: &str) -> Session {
+    let parse = |request: Value| CreateSession::parse(request.to_string().as_bytes()).unwrap();
+    let unknown = brain
+        .create_session(parse(json!({
+            "agentloop": {"name": adapter, "configuration": {"temprature": 0.2}},
+            "model": model(None)})))
+        .unwrap_err();
+    assert_eq!(unknown.code.as_str(), "invalid_configuration");
+    assert!(
+        unknown.message.contains("temprature"),
+        "{}",
+        unknown.message
+    );
+
+    let missing = brain
+        .create_session(parse(json!({
+            "agentloop": {"name": adapter},
+            "model": {"provider": "scripted", "name": "default", "context_window": 1000}})))
+        .unwrap_err();
+    assert_eq!(missing.code.as_str(), "missing_model_metadata");
+    assert!(
+        missing.message.contains("max_output_tokens"),
+        "{}",
+        missing.message
+    );
+
+    // Text only, starting from native state: an imported transcript and media are refused.
+    let imported = brain
+        .create_session(parse(json!({
+            "agentloop": {"name": adapter}, "model": model(None),
+            "transcript": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]})))
+        .unwrap_err();
+    assert_eq!(imported.code.as_str(), "unsupported_input");
+    let session = create(
+        brain,
+        json!({"agentloop": {"name": adapter}, "model": model(None)}),
+    );
+    let image: UserInput = serde_json::from_value(json!({"content": [
+        {"type": "text", "text": "What does this show?"},
+        {"type": "image", "url": "https://example.com/chart.png"}]}))
+    .unwrap();
+    assert_eq!(
+        session.send(image).unwrap_err().code.as_str(),
+        "unsupported_input"
+    );
+    session
+}
