@@ -193,35 +193,32 @@ fn serve_command(args: &[String]) -> ExitCode {
                     Ok(0) => Err(format!("{arg}: must be at least 1")),
                     parsed => parsed,
                 };
-                let parsed = match arg.as_str() {
+                let set = match arg.as_str() {
+                    "--listen" => {
+                        listen = value;
+                        Ok(())
+                    }
+                    "--drain" => duration(&arg, &value).map(|d| drain = d),
+                    "--script" => {
+                        script = Some(value);
+                        Ok(())
+                    }
                     "--http-threads" => positive(&value).map(|n| http.threads = n),
                     "--http-queue" => positive(&value).map(|n| http.accept_queue = n),
                     "--http-read-timeout" => match duration(&arg, &value) {
                         Ok(Duration::ZERO) => Err(format!("{arg}: must be longer than 0")),
                         parsed => parsed.map(|d| http.read_timeout = d),
                     },
-                    _ => Ok(()),
-                };
-                if let Err(message) = parsed {
-                    return usage_error(&message);
-                }
-                match arg.as_str() {
-                    "--http-threads" | "--http-queue" | "--http-read-timeout" => {}
-                    "--listen" => listen = value,
-                    "--drain" => match duration(&arg, &value) {
-                        Ok(value) => drain = value,
-                        Err(message) => return usage_error(&message),
-                    },
-                    "--script" => script = Some(value),
                     _ => match value.as_str() {
-                        "json" => json_logs = true,
-                        "text" => json_logs = false,
-                        other => {
-                            return usage_error(&format!(
-                                "--log-format: {other:?} is not json or text"
-                            ));
+                        "json" | "text" => {
+                            json_logs = value == "json";
+                            Ok(())
                         }
+                        other => Err(format!("--log-format: {other:?} is not json or text")),
                     },
+                };
+                if let Err(message) = set {
+                    return usage_error(&message);
                 }
             }
             "-h" | "--help" => {
