@@ -226,9 +226,10 @@ fn assert_nothing_installed(state_dir: &Path) {
     walk(&state_dir.join("opencode"));
 }
 
-#[test]
-fn a_second_message_after_brain_restarted_continues_the_same_opencode_session() {
-    let mut brain = start_opencode("oc-restart");
+/// A second message continues the OpenCode session of the first, after `between` did what it
+/// does to the Brain and the session (nothing, a worker kill, a Brain restart).
+fn second_message_continues(tag: &str, between: impl FnOnce(&mut Running, &Session)) {
+    let mut brain = start_opencode(tag);
     // No script: the scripted provider echoes the last user text.
     let session = create(
         &brain,
@@ -239,7 +240,7 @@ fn a_second_message_after_brain_restarted_continues_the_same_opencode_session() 
     let id = opencode_session_id(&session);
     let state_dir = session.info().unwrap().state_dir;
 
-    brain.restart();
+    between(&mut brain, &session);
     let session = brain.session(session.id());
     let second = wait(&session.send(text("which word?")).unwrap());
     assert_eq!(second.outcome, OutcomeKind::Completed, "{second:?}");
@@ -255,6 +256,11 @@ fn a_second_message_after_brain_restarted_continues_the_same_opencode_session() 
         "{said:?}"
     );
     assert_nothing_installed(&state_dir);
+}
+
+#[test]
+fn a_second_message_after_brain_restarted_continues_the_same_opencode_session() {
+    second_message_continues("oc-restart", |brain, _| brain.restart());
 }
 
 #[test]
@@ -419,43 +425,22 @@ fn worker_pid(brain: &Brain) -> u32 {
 
 #[test]
 fn a_second_message_after_the_idle_worker_was_killed_continues_the_same_opencode_session() {
-    let brain = start_opencode("oc-killed-idle");
-    let session = create(
-        &brain,
-        json!({"agentloop": {"name": "opencode"}, "model": model(None)}),
-    );
-    let first = wait(&session.send(text("remember the word kumquat")).unwrap());
-    assert_eq!(first.outcome, OutcomeKind::Completed, "{first:?}");
-    let id = opencode_session_id(&session);
-    let state_dir = session.info().unwrap().state_dir;
-    assert_eq!(opencode_processes(&state_dir).len(), 1);
-
-    let pid = worker_pid(&brain);
-    kill(pid);
-    brain
-        .wait_for(WAIT, |s| {
-            s.worker("opencode", 0).is_some_and(|w| {
-                w.state == brain::WorkerState::Healthy && w.pid.is_some_and(|p| p != pid)
+    second_message_continues("oc-killed-idle", |brain, session| {
+        let state_dir = session.info().unwrap().state_dir;
+        assert_eq!(opencode_processes(&state_dir).len(), 1);
+        let pid = worker_pid(brain);
+        kill(pid);
+        brain
+            .wait_for(WAIT, |s| {
+                s.worker("opencode", 0).is_some_and(|w| {
+                    w.state == brain::WorkerState::Healthy && w.pid.is_some_and(|p| p != pid)
+                })
             })
-        })
-        .expect("the worker was respawned");
-    // The worker's OpenCode server went with it.
-    assert_no_opencode(&state_dir);
-    assert_eq!(session.info().unwrap().status, SessionStatus::Open);
-
-    let second = wait(&session.send(text("which word?")).unwrap());
-    assert_eq!(second.outcome, OutcomeKind::Completed, "{second:?}");
-    assert_eq!(opencode_session_id(&session), id);
-    let requests = model_requests(&session);
-    assert_eq!(requests.len(), 2);
-    let said: Vec<_> = conversation(&requests[1])
-        .into_iter()
-        .flat_map(|(_, texts)| texts)
-        .collect();
-    assert!(
-        said.iter().any(|t| t.contains("kumquat")) && said.iter().any(|t| t == "which word?"),
-        "{said:?}"
-    );
+            .expect("the worker was respawned");
+        // The worker's OpenCode server went with it.
+        assert_no_opencode(&state_dir);
+        assert_eq!(session.info().unwrap().status, SessionStatus::Open);
+    });
 }
 
 #[test]
