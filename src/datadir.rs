@@ -277,8 +277,7 @@ impl DataDir {
             }
             Err(error) if error.kind() == io::ErrorKind::NotFound => {
                 let text = format!("{}\n", given_text.as_deref().unwrap_or(""));
-                write_durably(&path, text.as_bytes())?;
-                sync_dir(&self.root)
+                write_durably(&path, text.as_bytes())
             }
             Err(error) => Err(io(format!("reading {}", path.display()))(error)),
         }

@@ -56,7 +56,9 @@ impl SessionId {
 
     /// Whether this id carries `instance`'s tag (see [`SessionId::generate_for`]).
     pub fn belongs_to(&self, instance: &InstanceName) -> bool {
-        self.as_str()[PREFIX.len()..].starts_with(&instance.tag())
+        let body = &self.0[PREFIX.len()..];
+        let name = instance.as_str().as_bytes();
+        body[0] == b'0' + name.len() as u8 && body[1..].starts_with(name)
     }
 
     /// The instance name an id would carry if it was made by a Brain run with `--instance`:
@@ -169,7 +171,9 @@ impl fmt::Display for InstanceName {
 /// Hashes session ids for the maps Brain keys by them: [`SessionIdMap`].
 ///
 /// Every id such a map holds was made by [`SessionId::generate`] (an id from outside is only
-/// looked up), so its 20 characters are random: folding its words with a multiply spreads them
+/// looked up), so its 20 characters are random (but for an instance's tag of at most 5 fixed
+/// characters, [`SessionId::generate_for`], which every word's fold still spreads with the 15 or
+/// more random ones): folding its words with a multiply spreads them
 /// as well as SipHash does, in a few instructions instead of about a hundred and twenty per
 /// lookup (SipHash over the ids was ≈5 % of Brain's instructions per turn, docs/BENCHMARKS.md).
 /// Not for keys anybody else chooses: nothing here resists colliding keys made on purpose.
