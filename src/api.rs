@@ -3,7 +3,7 @@
 use crate::dispatch::Command;
 use crate::journal::Journal;
 use crate::protocol::harness::{ErrorCode, Event, UserInput};
-use crate::session::SessionId;
+use crate::session::{IdempotencyKey, SessionId};
 use crate::watch::WatchedJournal;
 use crossbeam_channel::Sender;
 use parking_lot::{Condvar, Mutex};
@@ -271,6 +271,27 @@ pub(crate) fn request<T>(
     answer.wait().ok_or_else(ApiError::shutting_down)?
 }
 
+/// Options of [`crate::Brain::create_session_with`].
+#[derive(Debug, Clone, Default)]
+pub struct CreateOptions {
+    /// Continue this `interrupted` or `closed` session's conversation
+    /// ([`crate::Brain::create_session_from`]).
+    pub from: Option<SessionId>,
+    /// A retried create with this key and the same request gets the session the first one made.
+    pub idempotency_key: Option<IdempotencyKey>,
+}
+
+/// Options of [`Session::send_with`].
+#[derive(Debug, Clone, Default)]
+pub struct SendOptions {
+    /// A wall deadline: when it expires the activation is cancelled and recorded `failed` /
+    /// `deadline_exceeded`.
+    pub deadline: Option<Duration>,
+    /// A retried send with this key and the same input and deadline gets the activation the first
+    /// one admitted.
+    pub idempotency_key: Option<IdempotencyKey>,
+}
+
 /// A handle on one session: send it input, cancel, passivate, close, delete.
 ///
 /// Cheap to clone, `Send + Sync`. Every method blocks only until the dispatcher has answered and
@@ -303,7 +324,7 @@ impl Session {
     /// `agentloop_unavailable`, `overloaded` (the slot's queue is full), `unsupported_input`
     /// (media the harness does not accept) and `shutting_down`.
     pub fn send(&self, input: UserInput) -> Result<Activation, ApiError> {
-        self.start(Some(input), None)
+        self.start(Some(input), SendOptions::default())
     }
 
     /// [`Session::send`] with a wall deadline: when it expires the activation is cancelled and
@@ -313,23 +334,59 @@ impl Session {
         input: UserInput,
         deadline: Duration,
     ) -> Result<Activation, ApiError> {
-        self.start(Some(input), Some(deadline))
+        let options = SendOptions {
+            deadline: Some(deadline),
+            ..SendOptions::default()
+        };
+        self.start(Some(input), options)
+    }
+
+    /// [`Session::send`] with [`SendOptions`]. A send that repeats an idempotency key with the
+    /// same input and deadline is answered with the activation the first one admitted — its
+    /// handle, whose outcome is already set when it has ended — and admits nothing, whatever
+    /// the session's state now (busy, interrupted or closed by that very activation); with other
+    /// input it is refused `idempotency_key_reused` and nothing is written. The key is recorded
+    /// in `activation_queued`, so this holds across restarts, for the session's whole life.
+    pub fn send_with(
+        &self,
+        input: UserInput,
+        options: SendOptions,
+    ) -> Result<Activation, ApiError> {
+        self.start(Some(input), options)
     }
 
     /// Starts an activation without user input, to deliver pending events.
     pub fn deliver_events(&self) -> Result<Activation, ApiError> {
-        self.start(None, None)
+        self.start(None, SendOptions::default())
+    }
+
+    /// [`Session::deliver_events`] with [`SendOptions`] (an idempotency key, as for
+    /// [`Session::send_with`]).
+    pub fn deliver_events_with(&self, options: SendOptions) -> Result<Activation, ApiError> {
+        self.start(None, options)
     }
 
     fn start(
         &self,
         input: Option<UserInput>,
-        deadline: Option<Duration>,
+        options: SendOptions,
     ) -> Result<Activation, ApiError> {
+        let SendOptions {
+            deadline,
+            idempotency_key,
+        } = options;
+        let key = idempotency_key.map(|key| {
+            let asked = serde_json::json!({
+                "input": input,
+                "deadline_ms": deadline.map(|d| d.as_millis() as u64),
+            });
+            crate::session::Keyed::new(&key, &asked)
+        });
         request(&self.commands, |reply| Command::Send {
             session: self.id.clone(),
             input,
             deadline,
+            key,
             reply,
         })
     }

@@ -1,6 +1,6 @@
 //! The embedding API: start Brain, watch its workers, shut it down.
 
-use crate::api::{self, ApiError, Session, SessionInfo};
+use crate::api::{self, ApiError, CreateOptions, Session, SessionInfo};
 use crate::callbacks::Executor;
 use crate::capacity::CapacityQueue;
 use crate::config::{ConfigError, Registrations};
@@ -13,7 +13,7 @@ use crate::options::Options;
 use crate::pool::{Pool, StartupRefusal};
 use crate::protocol::harness::ErrorCode;
 use crate::recovery::dormant_sessions;
-use crate::session::{CreateSession, SessionId};
+use crate::session::{CreateSession, Keyed, SessionId};
 use crate::sessions::QueueEntry;
 use crate::status::{PoolStatus, StatusBoard};
 use crate::timer::Timer;
@@ -331,12 +331,13 @@ impl Brain {
         };
         // Sessions are recovered on first use: startup reads one record of each.
         let registrations = registration_list(&resolved);
-        let dormant = dormant_sessions(&*journal, &registrations).map_err(|error| StartError {
-            kind: StartErrorKind::Io(
-                "listing sessions in the journal".to_owned(),
-                std::io::Error::other(error.to_string()),
-            ),
-        })?;
+        let (dormant, create_keys) =
+            dormant_sessions(&*journal, &registrations).map_err(|error| StartError {
+                kind: StartErrorKind::Io(
+                    "listing sessions in the journal".to_owned(),
+                    std::io::Error::other(error.to_string()),
+                ),
+            })?;
         if !dormant.is_empty() {
             log::info!(
                 "{} sessions in the journal; each is recovered on first use",
@@ -413,6 +414,7 @@ impl Brain {
             pool,
             sessions: Default::default(),
             dormant: dormant.into_iter().collect(),
+            create_keys,
             data_dir: options.data_dir.clone(),
             trim_due: false,
             registrations,
@@ -512,9 +514,63 @@ impl Brain {
     /// `unknown_agentloop`, `agentloop_unavailable` (no healthy worker), `invalid_configuration`,
     /// `missing_model_metadata`, `unsupported_input`, `shutting_down`.
     pub fn create_session(&self, request: CreateSession) -> Result<Session, ApiError> {
+        self.create_session_with(request, CreateOptions::default())
+    }
+
+    /// Creates a session that continues the conversation of an `interrupted` or `closed` one: the
+    /// new session imports the old one's saved transcript (so its harness must declare
+    /// `transcript_import`, else `unsupported_input`). Any transcript in `request` is replaced.
+    /// Refuses `unknown_session`, and `invalid_request` when `from` is still open or passivated.
+    pub fn create_session_from(
+        &self,
+        request: CreateSession,
+        from: &SessionId,
+    ) -> Result<Session, ApiError> {
+        let options = CreateOptions {
+            from: Some(from.clone()),
+            ..CreateOptions::default()
+        };
+        self.create_session_with(request, options)
+    }
+
+    /// [`Brain::create_session`] with [`CreateOptions`]: a session to continue
+    /// ([`Brain::create_session_from`]) and an idempotency key. A create that repeats a key with
+    /// the same request and `from` answers the session the first one created (whatever its status
+    /// now) and creates nothing; with another request it is refused `idempotency_key_reused`. The
+    /// key is recorded in `session_created`, so this holds across restarts, until the session is
+    /// deleted.
+    pub fn create_session_with(
+        &self,
+        mut request: CreateSession,
+        options: CreateOptions,
+    ) -> Result<Session, ApiError> {
         request
             .validate()
             .map_err(|error| ApiError::new(error.code, error.message))?;
+        let key = options.idempotency_key.as_ref().map(|key| {
+            let asked = serde_json::json!({"request": request, "from": options.from});
+            Keyed::new(key, &asked)
+        });
+        if let Some(from) = &options.from {
+            let source = self.session(from);
+            let status = source.info()?.status;
+            if !matches!(
+                status,
+                crate::api::SessionStatus::Interrupted | crate::api::SessionStatus::Closed
+            ) {
+                return Err(ApiError::new(
+                    ErrorCode::InvalidRequest,
+                    format!(
+                        "from: session {from} is {status:?}; only an interrupted or closed session can be continued"
+                    ),
+                ));
+            }
+            request.transcript = source.transcript()?.0;
+            if request.transcript.is_empty() {
+                // Nothing to import: the capability check must not refuse an empty continuation.
+                log::info!("session {from} has no saved transcript; the new session starts empty");
+            }
+        }
         let id = match &self.options.instance {
             Some(instance) => SessionId::generate_for(instance),
             None => SessionId::generate(),
@@ -533,12 +589,15 @@ impl Brain {
             .join(id.as_str());
         let workspace_dir = self.options.data_dir.join("workspaces").join(id.as_str());
         let info: SessionInfo = api::request(&self.commands, |reply| Command::Create {
-            id: id.clone(),
+            id,
             request: Box::new(request),
             state_dir,
             workspace_dir,
+            key,
             reply,
         })?;
+        // A repeated key answers the session the first create made, under its id.
+        let id = info.session_id.clone();
         let created = std::os::unix::fs::DirBuilderExt::mode(
             std::fs::DirBuilder::new().recursive(true),
             0o700,
@@ -551,36 +610,6 @@ impl Brain {
             );
         }
         Ok(self.session(&id))
-    }
-
-    /// Creates a session that continues the conversation of an `interrupted` or `closed` one: the
-    /// new session imports the old one's saved transcript (so its harness must declare
-    /// `transcript_import`, else `unsupported_input`). Any transcript in `request` is replaced.
-    /// Refuses `unknown_session`, and `invalid_request` when `from` is still open or passivated.
-    pub fn create_session_from(
-        &self,
-        mut request: CreateSession,
-        from: &SessionId,
-    ) -> Result<Session, ApiError> {
-        let source = self.session(from);
-        let status = source.info()?.status;
-        if !matches!(
-            status,
-            crate::api::SessionStatus::Interrupted | crate::api::SessionStatus::Closed
-        ) {
-            return Err(ApiError::new(
-                ErrorCode::InvalidRequest,
-                format!(
-                    "from: session {from} is {status:?}; only an interrupted or closed session can be continued"
-                ),
-            ));
-        }
-        request.transcript = source.transcript()?.0;
-        if request.transcript.is_empty() {
-            // Nothing to import: the capability check must not refuse an empty continuation.
-            log::info!("session {from} has no saved transcript; the new session starts empty");
-        }
-        self.create_session(request)
     }
 
     /// Parses a create-session request from JSON (strictly) and creates it.

@@ -16,7 +16,7 @@ use crate::journal::{Journal, JournalError};
 use crate::options::Options;
 use crate::pool::{Deadline, Happening, Pool, StartupRefusal};
 use crate::protocol::harness::UserInput;
-use crate::session::{CreateSession, SessionId, SessionIdMap};
+use crate::session::{CreateSession, Keyed, SessionId, SessionIdMap};
 use crate::sessions::{DurableToken, QueueEntry, SessionState};
 use crate::timer::Timer;
 use crate::worker::{WorkerEvent, WorkerKey};
@@ -46,6 +46,9 @@ pub(crate) enum Command {
         state_dir: PathBuf,
         /// Where the session's tools work: `<data>/workspaces/<id>`, one directory per environment.
         workspace_dir: PathBuf,
+        /// The client's idempotency key with the request's digest: a create that repeats one is
+        /// answered with the session it created.
+        key: Option<Keyed>,
         reply: Reply<SessionInfo>,
     },
     /// Start an activation.
@@ -53,6 +56,9 @@ pub(crate) enum Command {
         session: SessionId,
         input: Option<UserInput>,
         deadline: Option<Duration>,
+        /// The client's idempotency key with the request's digest: a send that repeats one is
+        /// answered with the activation it admitted.
+        key: Option<Keyed>,
         reply: Reply<Activation>,
     },
     /// Cancel the session's activation (this one, when `sequence` is given).
@@ -147,6 +153,8 @@ pub(crate) struct Dispatcher {
     pub(crate) trim_due: bool,
     /// The registrations, in the pool's order, for sessions loaded on first use.
     pub(crate) registrations: Vec<crate::config::Registration>,
+    /// The idempotency keys sessions were created with.
+    pub(crate) create_keys: crate::retries::CreateKeys,
 }
 
 /// Shutdown progress.
@@ -323,14 +331,16 @@ impl Dispatcher {
                 request,
                 state_dir,
                 workspace_dir,
+                key,
                 reply,
-            } => self.create_session(id, *request, [state_dir, workspace_dir], reply),
+            } => self.create_session(id, *request, [state_dir, workspace_dir], key, reply),
             Command::Send {
                 session,
                 input,
                 deadline,
+                key,
                 reply,
-            } => self.send(&session, input, deadline, reply),
+            } => self.send(&session, input, deadline, key, reply),
             Command::Cancel {
                 session,
                 sequence,
@@ -359,7 +369,7 @@ impl Dispatcher {
     /// Recovers and loads a session found in the journal at start, on its first use. Recovery
     /// appends (rare: only for a session a stopped Brain left mid-activation) are waited for here,
     /// so that nothing is served before they are durable.
-    fn ensure_loaded(&mut self, session: &SessionId) {
+    pub(crate) fn ensure_loaded(&mut self, session: &SessionId) {
         let Some(_) = self.dormant.remove(session) else {
             return;
         };

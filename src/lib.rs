@@ -32,6 +32,7 @@ mod options;
 mod pool;
 pub use brain_protocol as protocol;
 mod recovery;
+mod retries;
 pub mod sandbox;
 pub mod session;
 mod sessions;
@@ -41,8 +42,8 @@ mod watch;
 pub mod worker;
 
 pub use api::{
-    Activation, ActivationError, ApiError, Cancelled, Canceller, Outcome, OutcomeKind, Session,
-    SessionInfo, SessionStatus,
+    Activation, ActivationError, ApiError, Cancelled, Canceller, CreateOptions, Outcome,
+    OutcomeKind, SendOptions, Session, SessionInfo, SessionStatus,
 };
 pub use brain::{Brain, Config, StartError, Storage};
 pub use config::{ConfigError, Registration, Registrations};

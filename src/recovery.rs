@@ -15,7 +15,8 @@
 use crate::config::Registration;
 use crate::journal::{Journal, JournalError, NewRecord, SessionStatus as Stored};
 use crate::protocol::harness::{ErrorCode, ModelMetadata, RecordKind};
-use crate::session::{CreateSession, SessionId};
+use crate::retries::CreateKeys;
+use crate::session::{CreateSession, Keyed, SessionId};
 use crate::sessions::{Lifecycle, SessionSpec, SessionState};
 use serde_json::{Map, Value, json};
 use std::collections::HashMap;
@@ -47,12 +48,14 @@ fn finished_kind(started: &str) -> Option<RecordKind> {
 pub(crate) type Placement = (usize, u32);
 
 /// Lists the journal's sessions without reading their records beyond the first: each one's
-/// registration index and slot, from its `session_created` record. Recovery happens on first use.
+/// registration index and slot, and the idempotency key it was created with, from its
+/// `session_created` record. Recovery happens on first use.
 pub(crate) fn dormant_sessions(
     journal: &dyn Journal,
     registrations: &[Registration],
-) -> Result<Vec<(SessionId, Placement)>, JournalError> {
+) -> Result<(Vec<(SessionId, Placement)>, CreateKeys), JournalError> {
     let mut dormant = Vec::new();
+    let mut keys = CreateKeys::default();
     for id in journal.sessions()? {
         let created = match journal.read(&id, 0, 1) {
             Ok(records) => records.into_iter().next(),
@@ -75,9 +78,12 @@ pub(crate) fn dormant_sessions(
                 .map_or((UNAVAILABLE, slot), |index| (index, slot)),
             _ => (UNAVAILABLE, 0),
         };
+        if let Some(keyed) = Keyed::from_record(&created.data) {
+            keys.insert(keyed, id.clone());
+        }
         dormant.push((id, placement));
     }
-    Ok(dormant)
+    Ok((dormant, keys))
 }
 
 /// Recovers one session (see the module docs) and rebuilds its state.

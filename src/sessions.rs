@@ -23,8 +23,9 @@ use crate::protocol::harness::{
     RecordKind, RunInputRef, RunParamsRef, RunResult, UserInput, method, run_failure_code,
 };
 use crate::protocol::jsonrpc::RpcError;
+use crate::retries::Repeat;
 use crate::session::{
-    CreateSession, SessionId, ToolSpec, check_against_harness, check_input_media,
+    CreateSession, Keyed, SessionId, ToolSpec, check_against_harness, check_input_media,
     merge_configuration, runtime_envelope, tool_declarations,
 };
 use crate::status::{FailureReason, WorkerFailure, WorkerState};
@@ -408,9 +409,28 @@ impl Dispatcher {
         id: SessionId,
         request: CreateSession,
         dirs: [PathBuf; 2],
+        key: Option<Keyed>,
         reply: Reply<SessionInfo>,
     ) {
-        match self.admit_session(id, request, dirs) {
+        if let Some(keyed) = &key {
+            match self.create_keys.find(keyed) {
+                Err(error) => return reply.deliver(Err(error)),
+                // The first create's records may not be durable yet: answer once they are.
+                Ok(Some(created)) => {
+                    self.ensure_loaded(&created);
+                    return self.when_durable(
+                        &created.clone(),
+                        1,
+                        DurableToken::Created {
+                            session: created,
+                            reply,
+                        },
+                    );
+                }
+                Ok(None) => {}
+            }
+        }
+        match self.admit_session(id, request, dirs, key) {
             Ok((id, last)) => self.when_durable(
                 &id.clone(),
                 last,
@@ -427,6 +447,7 @@ impl Dispatcher {
         id: SessionId,
         request: CreateSession,
         [state_dir, workspace_dir]: [PathBuf; 2],
+        key: Option<Keyed>,
     ) -> Result<(SessionId, u64), ApiError> {
         if self.stopping.is_some() {
             return Err(ApiError::shutting_down());
@@ -481,7 +502,7 @@ impl Dispatcher {
             )
         })?;
         let configuration = merge_configuration(&deployment, &request.agentloop.configuration);
-        let created = json!({
+        let mut created = json!({
             "session_id": id,
             "registration": name,
             "worker": slot,
@@ -493,6 +514,9 @@ impl Dispatcher {
             "metadata": request.metadata,
             "configuration": configuration,
         });
+        if let Some(keyed) = &key {
+            created["idempotency"] = json!(keyed);
+        }
         let first = self
             .journal
             .create(
@@ -504,6 +528,9 @@ impl Dispatcher {
                 },
             )
             .map_err(journal_error)?;
+        if let Some(keyed) = key {
+            self.create_keys.insert(keyed, id.clone());
+        }
         let mut last = first;
         if !request.transcript.is_empty() {
             last = self
@@ -590,9 +617,26 @@ impl Dispatcher {
         id: &SessionId,
         input: Option<UserInput>,
         deadline: Option<Duration>,
+        key: Option<Keyed>,
         reply: Reply<Activation>,
     ) {
-        match self.admit_activation(id, input, deadline) {
+        if let Some(keyed) = &key {
+            match self.repeated_send(id, keyed) {
+                Err(error) => return reply.deliver(Err(error)),
+                Ok(Some(Repeat::Ended(activation))) => return reply.deliver(Ok(activation)),
+                Ok(Some(Repeat::Active { sequence, cell })) => {
+                    let token = DurableToken::Queued {
+                        session: id.clone(),
+                        sequence,
+                        cell,
+                        reply,
+                    };
+                    return self.when_durable(id, sequence, token);
+                }
+                Ok(None) => {}
+            }
+        }
+        match self.admit_activation(id, input, deadline, key) {
             Ok((sequence, cell)) => self.when_durable(
                 id,
                 sequence,
@@ -612,6 +656,7 @@ impl Dispatcher {
         id: &SessionId,
         input: Option<UserInput>,
         deadline: Option<Duration>,
+        key: Option<Keyed>,
     ) -> Result<(u64, Arc<OutcomeCell>), ApiError> {
         if self.stopping.is_some() {
             return Err(ApiError::shutting_down());
@@ -687,6 +732,9 @@ impl Dispatcher {
         }
         if let Some(deadline) = deadline {
             data["deadline_ms"] = json!(deadline.as_millis() as u64);
+        }
+        if let Some(keyed) = &key {
+            data["idempotency"] = json!(keyed);
         }
         let sequence = self
             .journal
@@ -1727,6 +1775,7 @@ impl Dispatcher {
             ));
         }
         self.journal.delete(id).map_err(journal_error)?;
+        self.create_keys.forget(id);
         if status == SessionStatus::Interrupted {
             self.send_close(id, CloseReason::Deleted);
         }

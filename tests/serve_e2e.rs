@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::http::{Reply, Sse, SseEvent, read_reply};
+use common::http::read_reply;
 use common::server::*;
 
 use common::*;
@@ -19,124 +19,12 @@ use std::collections::BTreeMap;
 use std::io::{BufReader, Write};
 use std::path::PathBuf;
 use std::process::Command;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// The log line the dispatcher writes once shutdown has begun with a drain (admission refused).
 const DRAINING: &str = "shutting down: draining running activations";
 
 impl Served {
-    /// Creates a session of `registration` with this configuration; its id.
-    fn create(&self, registration: &str, configuration: Value) -> String {
-        let reply = self
-            .call(
-                "POST",
-                "/v1/sessions",
-                Some(json!({"agentloop": {"name": registration, "configuration": configuration}})),
-            )
-            .expect(201, None);
-        let view = reply.json();
-        let id = view["session_id"]
-            .as_str()
-            .expect("a session id")
-            .to_owned();
-        assert_eq!(view["status"], "open", "{view}");
-        assert_eq!(view["registration"], registration, "{view}");
-        assert_eq!(
-            reply.header("location"),
-            Some(format!("/v1/sessions/{id}").as_str())
-        );
-        id
-    }
-
-    fn message(&self, id: &str, text: &str, headers: &[(&str, &str)]) -> Reply {
-        self.call_with(
-            "POST",
-            &format!("/v1/sessions/{id}/messages"),
-            headers,
-            Some(json!({"content": [{"type": "text", "text": text}]})),
-        )
-    }
-
-    /// Sends a message that waits for its outcome, on a thread of the test.
-    fn message_in_background(&self, id: &str, text: &str) -> JoinHandle<std::io::Result<Reply>> {
-        let raw = self.request(
-            "POST",
-            &format!("/v1/sessions/{id}/messages"),
-            &[],
-            Some(json!({"content": [{"type": "text", "text": text}]})),
-        );
-        let stream = self.connect();
-        std::thread::spawn(move || {
-            (&stream).write_all(&raw)?;
-            read_reply(&mut BufReader::new(stream))
-        })
-    }
-
-    fn view(&self, id: &str) -> Value {
-        self.call("GET", &format!("/v1/sessions/{id}"), None)
-            .expect(200, None)
-            .json()
-    }
-
-    /// Every record of the session, through the pages of `GET …/events`.
-    fn events(&self, id: &str) -> Vec<Value> {
-        let mut all = Vec::new();
-        let mut after = 0;
-        loop {
-            let page = self
-                .call(
-                    "GET",
-                    &format!("/v1/sessions/{id}/events?after={after}&limit=50"),
-                    None,
-                )
-                .expect(200, None)
-                .json();
-            let events = page["events"].as_array().expect("events").clone();
-            if events.is_empty() {
-                assert_eq!(page["next_after"], after);
-                return all;
-            }
-            after = page["next_after"].as_u64().expect("next_after");
-            assert_eq!(events.last().unwrap()["sequence"], after);
-            all.extend(events);
-        }
-    }
-
-    /// Opens an SSE stream of the session's records and checks its head.
-    fn open_stream(&self, id: &str, query: &str, headers: &[(&str, &str)]) -> Sse {
-        let stream = self.connect();
-        let mut all = vec![("accept", "text/event-stream")];
-        all.extend_from_slice(headers);
-        let raw = self.request(
-            "GET",
-            &format!("/v1/sessions/{id}/events{query}"),
-            &all,
-            None,
-        );
-        (&stream).write_all(&raw).expect("send");
-        Sse::open(stream)
-    }
-
-    /// Waits (through an SSE stream) until the session's run announces that it executes; the
-    /// announcing record.
-    fn wait_running(&self, id: &str) -> SseEvent {
-        let mut stream = self.open_stream(id, "", &[]);
-        stream
-            .until(|e| e.event == "event_emitted" && e.data["data"]["type"] == "running")
-            .pop()
-            .expect("the running event")
-    }
-
-    /// Waits (through an SSE stream) for the outcome record of activation `sequence`.
-    fn wait_finished(&self, id: &str, sequence: u64) -> SseEvent {
-        let mut stream = self.open_stream(id, &format!("?after={sequence}"), &[]);
-        stream
-            .until(|e| e.event == "activation_finished" && e.data["data"]["activation"] == sequence)
-            .pop()
-            .expect("the outcome record")
-    }
-
     fn metrics(&self) -> String {
         let reply = self
             .exchange(&encode("GET", "/metrics", &[], b""))

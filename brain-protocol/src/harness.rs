@@ -171,11 +171,13 @@ pub enum ErrorCode {
     Overloaded,
     /// The activation's wall deadline expired.
     DeadlineExceeded,
+    /// An idempotency key came back with another request than the one it was first sent with.
+    IdempotencyKeyReused,
 }
 
 impl ErrorCode {
     /// Every code, in the order of PROTOCOL.md §10.
-    pub const ALL: [ErrorCode; 33] = [
+    pub const ALL: [ErrorCode; 34] = [
         ErrorCode::InvalidRequest,
         ErrorCode::InvalidConfiguration,
         ErrorCode::MissingModelMetadata,
@@ -209,6 +211,7 @@ impl ErrorCode {
         ErrorCode::DuplicateId,
         ErrorCode::Overloaded,
         ErrorCode::DeadlineExceeded,
+        ErrorCode::IdempotencyKeyReused,
     ];
 
     /// The snake_case string callers match on.
@@ -247,6 +250,7 @@ impl ErrorCode {
             ErrorCode::DuplicateId => "duplicate_id",
             ErrorCode::Overloaded => "overloaded",
             ErrorCode::DeadlineExceeded => "deadline_exceeded",
+            ErrorCode::IdempotencyKeyReused => "idempotency_key_reused",
         }
     }
 

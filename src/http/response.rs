@@ -11,7 +11,7 @@ use std::net::TcpStream;
 /// `unknown_agentloop`; 409 `session_busy`, `session_interrupted`, `session_closed`,
 /// `activation_not_active`; 413 `input_too_large`; 422 `invalid_request` (a body that parsed but
 /// failed validation), `invalid_input`, `invalid_configuration`, `missing_model_metadata`,
-/// `unsupported_input`; 429 `overloaded`; 503 `agentloop_unavailable`, `shutting_down`,
+/// `unsupported_input`, `idempotency_key_reused`; 429 `overloaded`; 503 `agentloop_unavailable`, `shutting_down`,
 /// `journal_failed`; 500 anything else. (Malformed JSON, paths and queries are answered 400
 /// `invalid_request` before the library is called.)
 pub fn status_for(code: ErrorCode) -> u16 {
@@ -26,7 +26,8 @@ pub fn status_for(code: ErrorCode) -> u16 {
         | ErrorCode::InvalidInput
         | ErrorCode::InvalidConfiguration
         | ErrorCode::MissingModelMetadata
-        | ErrorCode::UnsupportedInput => 422,
+        | ErrorCode::UnsupportedInput
+        | ErrorCode::IdempotencyKeyReused => 422,
         ErrorCode::Overloaded => 429,
         ErrorCode::AgentloopUnavailable | ErrorCode::ShuttingDown | ErrorCode::JournalFailed => 503,
         _ => 500,

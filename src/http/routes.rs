@@ -8,9 +8,9 @@ use super::response::Response;
 use super::server::Shared;
 use super::sse::Follow;
 use super::wait::Wait;
-use crate::api::{Activation, Session};
+use crate::api::{Activation, CreateOptions, SendOptions, Session};
 use crate::protocol::harness::{ErrorCode, UserInput};
-use crate::session::{CreateSession, SessionId};
+use crate::session::{CreateSession, IdempotencyKey, SessionId};
 use serde_json::{Map, Value, json};
 
 /// Default page size of `GET …/events`.
@@ -219,7 +219,7 @@ pub(crate) fn handle(shared: &Shared, head: &Head, body: Vec<u8>) -> Reply {
         Route::Live => return Response::empty(204).into(),
         Route::Ready => return ready(shared).into(),
         Route::Metrics => return metrics::render(shared).into(),
-        Route::Sessions if method == "POST" => return create(shared, &body).into(),
+        Route::Sessions if method == "POST" => return create(shared, head, &body).into(),
         Route::Sessions => return list(shared).into(),
         Route::Session(id) => (id, None),
         Route::Action(id, action) => (id, Some(action)),
@@ -334,7 +334,21 @@ fn only_keys(object: &Map<String, Value>, allowed: &[&str]) -> Result<(), Respon
     }
 }
 
-fn create(shared: &Shared, body: &[u8]) -> Response {
+/// The `Idempotency-Key` header, if any: `400` naming what is wrong with a malformed one.
+fn idempotency_key(head: &Head) -> Result<Option<IdempotencyKey>, Response> {
+    match head.header("idempotency-key") {
+        None => Ok(None),
+        Some(key) => IdempotencyKey::parse(key)
+            .map(Some)
+            .map_err(|why| Response::bad_request(format!("Idempotency-Key: {why}"))),
+    }
+}
+
+fn create(shared: &Shared, head: &Head, body: &[u8]) -> Response {
+    let idempotency_key = match idempotency_key(head) {
+        Ok(key) => key,
+        Err(response) => return response,
+    };
     let mut object = match json_object(body) {
         Ok(object) => object,
         Err(response) => return response,
@@ -355,11 +369,11 @@ fn create(shared: &Shared, body: &[u8]) -> Response {
         Ok(request) => request,
         Err(message) => return Response::invalid_field(message),
     };
-    let created = match &from {
-        Some(from) => shared.brain.create_session_from(request, from),
-        None => shared.brain.create_session(request),
+    let options = CreateOptions {
+        from,
+        idempotency_key,
     };
-    let session = match created {
+    let session = match shared.brain.create_session_with(request, options) {
         Ok(session) => session,
         Err(error) => return Response::api(&error),
     };
@@ -413,6 +427,13 @@ pub(crate) fn accepted(activation: &Activation) -> Response {
 /// connection to a long wait. The long wait's permit is taken first: a request refused for want
 /// of one is not admitted.
 fn activate(shared: &Shared, head: &Head, session: &Session, input: Option<UserInput>) -> Reply {
+    let options = match idempotency_key(head) {
+        Ok(idempotency_key) => SendOptions {
+            deadline: None,
+            idempotency_key,
+        },
+        Err(response) => return response.into(),
+    };
     let respond_async = prefers_async(head);
     let permit = if respond_async {
         None
@@ -430,8 +451,8 @@ fn activate(shared: &Shared, head: &Head, session: &Session, input: Option<UserI
         }
     };
     let started = match input {
-        Some(input) => session.send(input),
-        None => session.deliver_events(),
+        Some(input) => session.send_with(input, options),
+        None => session.deliver_events_with(options),
     };
     let activation = match started {
         Ok(activation) => activation,

@@ -39,6 +39,7 @@ use crate::session::SessionId;
 use serde::Serialize;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
 
@@ -229,6 +230,9 @@ pub struct SessionView {
     /// The sequences of the `model_call_started`, `tool_call_started` and `environment_started`
     /// records that have no finished record yet, oldest first.
     pub unfinished_effects: Vec<u64>,
+    /// The idempotency keys of the session's `activation_queued` records: each key's activation
+    /// sequence and request digest (crate::session::Keyed).
+    pub activation_keys: BTreeMap<String, (u64, String)>,
 }
 
 impl Default for SessionView {
@@ -245,6 +249,7 @@ impl Default for SessionView {
             last_sequence: 0,
             model_calls: 0,
             unfinished_effects: Vec::new(),
+            activation_keys: BTreeMap::new(),
         }
     }
 }

@@ -3,6 +3,7 @@
 
 use super::{NewRecord, SessionStatus, SessionView};
 use crate::protocol::harness::{Message, RecordKind};
+use crate::session::Keyed;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -17,7 +18,8 @@ pub const EVENTS_CURSOR_KEY: &str = "brain.events_cursor";
 /// `view.last_sequence` always becomes `sequence`. Then, by kind:
 ///
 /// - `session_created`: status `Open`, `created` = the data.
-/// - `activation_queued`: a `Passivated` session becomes `Open` (its next activation reopens it).
+/// - `activation_queued`: a `Passivated` session becomes `Open` (its next activation reopens it);
+///   an `idempotency` `{"key", "digest"}` joins `activation_keys`.
 /// - `activation_started` `{"activation": N}`: sets the marker: kv [`ACTIVATION_MARKER_KEY`] =
 ///   `{"sequence": N}`, `marker` = `Some(N)`.
 /// - `activation_finished` `{"outcome", "events_through"?, …}`: only when `outcome` is
@@ -51,6 +53,10 @@ pub fn apply(view: &mut SessionView, sequence: u64, record: &NewRecord) -> Resul
         RecordKind::ActivationQueued => {
             if view.status == SessionStatus::Passivated {
                 view.status = SessionStatus::Open;
+            }
+            if let Some(keyed) = Keyed::from_record(data) {
+                view.activation_keys
+                    .insert(keyed.key, (sequence, keyed.digest));
             }
         }
         RecordKind::ActivationStarted => {
