@@ -52,9 +52,11 @@ pub fn render(instances: &[Instance], listen: &str) -> String {
          proxy_set_header Connection \"\";\n    proxy_set_header Host $http_host;\n    \
          proxy_buffering off;\n    proxy_request_buffering off;\n    \
          proxy_read_timeout 1h;\n    client_max_body_size 16m;\n\n    \
-         # Creation: any healthy instance; a refused connection moves on to the next.\n    \
+         # Creation: any healthy instance; a connection that cannot be made moves on to the\n    \
+         # next. A create already sent is never repeated on another instance, which would\n    \
+         # make a second session there (idempotency keys are per instance).\n    \
          location = /v1/sessions {{\n        \
-         proxy_next_upstream error timeout non_idempotent;\n        \
+         proxy_next_upstream error timeout;\n        \
          proxy_pass http://brain_any;\n    }}\n"
     ));
     for instance in instances {
