@@ -884,6 +884,77 @@ fn slow_and_idle_clients_do_not_block_others() {
         .expect(201, None);
 }
 
+/// Writes `rest` a byte every 20 ms on its own thread until the server stops reading (it
+/// answered and closed); what the server answered.
+fn trickle(stream: std::net::TcpStream, rest: Vec<u8>) -> std::thread::JoinHandle<Reply> {
+    std::thread::spawn(move || {
+        let reader = stream.try_clone().expect("clone the stream");
+        let writer = std::thread::spawn(move || {
+            for byte in rest {
+                if (&stream).write_all(&[byte]).is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        let reply = read_reply(&mut BufReader::new(reader)).expect("an answer");
+        let _ = writer.join();
+        reply
+    })
+}
+
+#[test]
+fn a_trickled_body_is_cut_off_at_its_deadline_while_other_requests_are_served() {
+    // The deadline is the whole request's, from its first byte: a client that keeps sending a byte
+    // now and then is cut off all the same. Small bodies wait in the accept thread, large ones on
+    // a request thread; both are cut at the deadline, and others are answered meanwhile.
+    let read_timeout = Duration::from_millis(600);
+    let options = HttpOptions {
+        threads: 2,
+        read_timeout,
+        ..HttpOptions::default()
+    };
+    let server = serve(vec![reference()], "http-trickle", options);
+    let auth = bearer();
+    for size in [200, 100 * 1024] {
+        let body = format!(
+            "{{\"agentloop\": {{\"name\": \"ref\"}}, \"metadata\": {{\"pad\": \"{}\"}}}}",
+            "x".repeat(size)
+        );
+        let request = encode(
+            "POST",
+            "/v1/sessions",
+            &[
+                ("authorization", auth.as_str()),
+                ("content-type", "application/json"),
+            ],
+            body.as_bytes(),
+        );
+        // The head and all of the body but its last 100 bytes at once; those a byte at a time.
+        let (first, rest) = request.split_at(request.len() - 100);
+        let stream = connect(server.addr);
+        let started = Instant::now();
+        (&stream).write_all(first).unwrap();
+        let trickling = trickle(stream, rest.to_vec());
+        for _ in 0..3 {
+            exchange(server.addr, &encode("GET", "/health/live", &[], b"")).expect(204, None);
+        }
+        let reply = trickling.join().expect("the trickling client");
+        let took = started.elapsed();
+        reply.expect(408, Some("invalid_request"));
+        assert!(
+            took >= read_timeout && took < read_timeout + Duration::from_secs(2),
+            "a {size}-byte body was cut off after {took:?}, not at its {read_timeout:?} deadline"
+        );
+    }
+    // Nothing was created from the cut-off bodies.
+    let sessions = server
+        .call("GET", "/v1/sessions", None)
+        .expect(200, None)
+        .json();
+    assert_eq!(sessions["sessions"], json!([]));
+}
+
 #[test]
 fn readiness_and_metrics_follow_the_pool() {
     let server = serve(vec![reference()], "http-ready", HttpOptions::default());
