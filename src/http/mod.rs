@@ -34,6 +34,7 @@ mod wait;
 
 pub use auth::load_or_create_token;
 pub use response::status_for;
+pub use routes::{OPENAPI, OPENAPI_PATH, routes};
 pub use server::HttpServer;
 
 use std::time::Duration;

@@ -39,6 +39,13 @@ impl From<Response> for Reply {
     }
 }
 
+/// The OpenAPI document of this API (docs/openapi.yaml), served at [`OPENAPI_PATH`].
+pub const OPENAPI: &str = include_str!("../../docs/openapi.yaml");
+
+/// Where [`OPENAPI`] is served, without authentication: it describes the routes and reveals
+/// nothing about the deployment.
+pub const OPENAPI_PATH: &str = "/v1/openapi.yaml";
+
 /// What a session route acts on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Action {
@@ -51,57 +58,105 @@ enum Action {
     Transcript,
 }
 
-/// A matched path.
+/// What a route is, before its session id is filled in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Route<'a> {
+enum Kind {
     Live,
     Ready,
     Metrics,
+    OpenApi,
     Sessions,
-    Session(&'a str),
-    Action(&'a str, Action),
+    Session,
+    Action(Action),
+}
+
+/// The session id's place in a path template.
+const SESSION_ID: &str = "{session_id}";
+
+/// The router: every route the server answers, as the OpenAPI document writes its path, with
+/// the methods it allows. Nothing else is answered, so `tests/openapi.rs` holds the document to
+/// this table (and the server to both).
+const TABLE: [(&str, &str, Kind); 13] = [
+    ("/health/live", "GET", Kind::Live),
+    ("/health/ready", "GET", Kind::Ready),
+    ("/metrics", "GET", Kind::Metrics),
+    (OPENAPI_PATH, "GET", Kind::OpenApi),
+    ("/v1/sessions", "GET, POST", Kind::Sessions),
+    ("/v1/sessions/{session_id}", "GET, DELETE", Kind::Session),
+    (
+        "/v1/sessions/{session_id}/messages",
+        "POST",
+        Kind::Action(Action::Messages),
+    ),
+    (
+        "/v1/sessions/{session_id}/activations",
+        "POST",
+        Kind::Action(Action::Activations),
+    ),
+    (
+        "/v1/sessions/{session_id}/events",
+        "GET, POST",
+        Kind::Action(Action::Events),
+    ),
+    (
+        "/v1/sessions/{session_id}/transcript",
+        "GET",
+        Kind::Action(Action::Transcript),
+    ),
+    (
+        "/v1/sessions/{session_id}/cancel",
+        "POST",
+        Kind::Action(Action::Cancel),
+    ),
+    (
+        "/v1/sessions/{session_id}/passivate",
+        "POST",
+        Kind::Action(Action::Passivate),
+    ),
+    (
+        "/v1/sessions/{session_id}/close",
+        "POST",
+        Kind::Action(Action::Close),
+    ),
+];
+
+/// Every route the server answers: its path template and its methods (`"GET, POST"`).
+pub fn routes() -> impl Iterator<Item = (&'static str, &'static str)> {
+    TABLE.iter().map(|&(template, allow, _)| (template, allow))
+}
+
+/// A matched path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Route<'a> {
+    kind: Kind,
+    /// The session id in the path (empty for routes without one).
+    id: &'a str,
+    /// The methods the route answers, for `405` and `Allow`.
+    allow: &'static str,
 }
 
 impl Route<'_> {
-    /// The methods the route answers, for `405` and `Allow`.
-    fn allow(self) -> &'static str {
-        match self {
-            Route::Live | Route::Ready | Route::Metrics => "GET",
-            Route::Sessions => "GET, POST",
-            Route::Session(_) => "GET, DELETE",
-            Route::Action(_, Action::Events) => "GET, POST",
-            Route::Action(_, Action::Transcript) => "GET",
-            Route::Action(_, _) => "POST",
-        }
-    }
-
     fn allows(self, method: &str) -> bool {
-        self.allow().split(", ").any(|m| m == method)
+        self.allow.split(", ").any(|m| m == method)
     }
 }
 
 fn route(path: &str) -> Option<Route<'_>> {
     let segments: Vec<&str> = path.strip_prefix('/')?.split('/').collect();
-    Some(match segments.as_slice() {
-        ["health", "live"] => Route::Live,
-        ["health", "ready"] => Route::Ready,
-        ["metrics"] => Route::Metrics,
-        ["v1", "sessions"] => Route::Sessions,
-        ["v1", "sessions", id] => Route::Session(id),
-        ["v1", "sessions", id, action] => Route::Action(
-            id,
-            match *action {
-                "messages" => Action::Messages,
-                "events" => Action::Events,
-                "activations" => Action::Activations,
-                "cancel" => Action::Cancel,
-                "passivate" => Action::Passivate,
-                "close" => Action::Close,
-                "transcript" => Action::Transcript,
-                _ => return None,
-            },
-        ),
-        _ => return None,
+    TABLE.iter().find_map(|&(template, allow, kind)| {
+        let pattern = template.strip_prefix('/')?.split('/');
+        if pattern.clone().count() != segments.len() {
+            return None;
+        }
+        let mut id = "";
+        for (expected, segment) in pattern.zip(&segments) {
+            if expected == SESSION_ID {
+                id = segment;
+            } else if expected != *segment {
+                return None;
+            }
+        }
+        Some(Route { kind, id, allow })
     })
 }
 
@@ -118,7 +173,10 @@ fn is_json(content_type: &str) -> bool {
 /// The checks made on the head alone, before any body is read: the token on `/v1`, the route
 /// and method, the body's size and type. `Some` is the answer; the body is then left unread.
 pub(crate) fn before_body(shared: &Shared, head: &Head) -> Option<Response> {
-    if is_v1(&head.path) && !auth::authorized(head.header("authorization"), &shared.token) {
+    if is_v1(&head.path)
+        && head.path != OPENAPI_PATH
+        && !auth::authorized(head.header("authorization"), &shared.token)
+    {
         return Some(
             Response::error(
                 401,
@@ -144,10 +202,10 @@ pub(crate) fn before_body(shared: &Shared, head: &Head) -> Option<Response> {
                     "{} is not allowed on {}; allowed: {}",
                     shown(&head.method),
                     shown(&head.path),
-                    matched.allow()
+                    matched.allow
                 ),
             )
-            .header("allow", matched.allow()),
+            .header("allow", matched.allow),
         );
     }
     let limit = shared.options.max_body_bytes;
@@ -215,14 +273,17 @@ pub(crate) fn handle(shared: &Shared, head: &Head, body: Vec<u8>) -> Reply {
         return Response::error(404, ErrorCode::InvalidRequest.as_str(), "no such route").into();
     };
     let method = head.method.as_str();
-    let (id, action) = match matched {
-        Route::Live => return Response::empty(204).into(),
-        Route::Ready => return ready(shared).into(),
-        Route::Metrics => return metrics::render(shared).into(),
-        Route::Sessions if method == "POST" => return create(shared, head, &body).into(),
-        Route::Sessions => return list(shared).into(),
-        Route::Session(id) => (id, None),
-        Route::Action(id, action) => (id, Some(action)),
+    let (id, action) = match matched.kind {
+        Kind::Live => return Response::empty(204).into(),
+        Kind::Ready => return ready(shared).into(),
+        Kind::Metrics => return metrics::render(shared).into(),
+        Kind::OpenApi => {
+            return Response::text(200, "application/yaml", OPENAPI.to_owned()).into();
+        }
+        Kind::Sessions if method == "POST" => return create(shared, head, &body).into(),
+        Kind::Sessions => return list(shared).into(),
+        Kind::Session => (matched.id, None),
+        Kind::Action(action) => (matched.id, Some(action)),
     };
     let id = match SessionId::parse(id) {
         Ok(id) => id,
@@ -268,7 +329,7 @@ pub(crate) fn handle(shared: &Shared, head: &Head, body: Vec<u8>) -> Reply {
             ErrorCode::InvalidRequest.as_str(),
             "method not allowed",
         )
-        .header("allow", matched.allow())
+        .header("allow", matched.allow)
         .into(),
     }
 }
@@ -517,23 +578,28 @@ fn events(shared: &Shared, head: &Head, session: Session) -> Reply {
             _ => {}
         }
     }
+    let last_event_id = match head
+        .header("last-event-id")
+        .map(|last| (last, last.trim().parse()))
+    {
+        None => None,
+        Some((_, Ok(last))) => Some(last),
+        Some((last, Err(_))) => {
+            return Response::bad_request(format!(
+                "Last-Event-ID: {} is not a sequence number",
+                shown(last)
+            ))
+            .into();
+        }
+    };
     let streams = head
         .tokens("accept")
         .any(|t| t.split(';').next().unwrap_or_default().trim() == "text/event-stream");
     if !streams {
         return api(session.events(after, limit), |events| page(after, events));
     }
-    if let Some(last) = head.header("last-event-id") {
-        match last.trim().parse() {
-            Ok(last) => after = last,
-            Err(_) => {
-                return Response::bad_request(format!(
-                    "Last-Event-ID: {} is not a sequence number",
-                    shown(last)
-                ))
-                .into();
-            }
-        }
+    if let Some(last) = last_event_id {
+        after = last;
     }
     // Refuse an unknown session here, with its status, rather than in the stream.
     if let Err(error) = session.events(after, 1) {
@@ -587,21 +653,29 @@ mod tests {
 
     #[test]
     fn paths_match_their_routes_and_nothing_else() {
-        assert_eq!(route("/health/live"), Some(Route::Live));
-        assert_eq!(route("/v1/sessions"), Some(Route::Sessions));
-        assert_eq!(route("/v1/sessions/x"), Some(Route::Session("x")));
+        let kind = |path| route(path).map(|r| (r.kind, r.id));
+        assert_eq!(kind("/health/live"), Some((Kind::Live, "")));
+        assert_eq!(kind("/v1/openapi.yaml"), Some((Kind::OpenApi, "")));
+        assert_eq!(kind("/v1/sessions"), Some((Kind::Sessions, "")));
+        assert_eq!(kind("/v1/sessions/x"), Some((Kind::Session, "x")));
         assert_eq!(
-            route("/v1/sessions/x/cancel"),
-            Some(Route::Action("x", Action::Cancel))
+            kind("/v1/sessions/x/cancel"),
+            Some((Kind::Action(Action::Cancel), "x"))
         );
-        assert_eq!(route("/v1/sessions/"), Some(Route::Session("")));
-        assert_eq!(route("/v1/sessions/x/other"), None);
-        assert_eq!(route("/v1/sessions/x/events/1"), None);
-        assert_eq!(route("/v1"), None);
-        assert_eq!(route("health/live"), None);
-        assert!(Route::Session("x").allows("DELETE"));
-        assert!(!Route::Session("x").allows("POST"));
-        assert!(Route::Action("x", Action::Events).allows("POST"));
+        assert_eq!(kind("/v1/sessions/"), Some((Kind::Session, "")));
+        assert_eq!(kind("/v1/sessions/x/other"), None);
+        assert_eq!(kind("/v1/sessions/x/events/1"), None);
+        assert_eq!(kind("/v1"), None);
+        assert_eq!(kind("health/live"), None);
+        let allows = |path, method| route(path).is_some_and(|r| r.allows(method));
+        assert!(allows("/v1/sessions/x", "DELETE"));
+        assert!(!allows("/v1/sessions/x", "POST"));
+        assert!(allows("/v1/sessions/x/events", "POST"));
+        // Each template matches itself, with its own entry, and no two templates are the same.
+        for (template, allow, kind) in TABLE {
+            let matched = route(template).expect("a template matches itself");
+            assert_eq!((matched.kind, matched.allow), (kind, allow), "{template}");
+        }
     }
 
     #[test]
