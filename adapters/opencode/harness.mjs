@@ -152,6 +152,10 @@ async function chatCompletions(entry, body, response) {
   if (!activation) {
     return reply(response, 400, { error: { message: "brain: a model call outside of an activation", type: "invalid_request_error" } });
   }
+  if (activation.ctx.signal.aborted) {
+    // Cancelled, or a callback failed fatally: no further callback; OpenCode's abort is under way.
+    return reply(response, 400, { error: { message: "brain: the activation was stopped", type: "invalid_request_error" } });
+  }
   let request;
   try {
     request = toBrainRequest(entry, body);
@@ -196,17 +200,24 @@ async function chatCompletions(entry, body, response) {
   response.end();
 }
 
+/**
+ * Brain's usage as Chat Completions usage, with only the counters Brain has: nothing is zero-filled.
+ * `prompt_tokens` counts cached input too (Brain's `input_tokens` does not), so it is given only
+ * when `input_tokens` is; `total_tokens` only when both sides are known. Undefined when Brain
+ * reported nothing, and then the answer carries no `usage` at all.
+ */
 function toChatUsage(usage) {
-  if (!usage || (usage.input_tokens === undefined && usage.output_tokens === undefined)) return undefined;
-  const cached = usage.cache_read_input_tokens ?? 0;
-  const prompt = (usage.input_tokens ?? 0) + cached + (usage.cache_creation_input_tokens ?? 0);
-  const completion = usage.output_tokens ?? 0;
-  return {
-    prompt_tokens: prompt,
-    completion_tokens: completion,
-    total_tokens: prompt + completion,
-    prompt_tokens_details: { cached_tokens: cached },
-  };
+  if (!usage) return undefined;
+  const known = (n) => Number.isInteger(n);
+  const answer = {};
+  if (known(usage.input_tokens)) {
+    answer.prompt_tokens = usage.input_tokens + (usage.cache_read_input_tokens ?? 0) + (usage.cache_creation_input_tokens ?? 0);
+  }
+  if (known(usage.output_tokens)) answer.completion_tokens = usage.output_tokens;
+  if (known(answer.prompt_tokens) && known(answer.completion_tokens)) answer.total_tokens = answer.prompt_tokens + answer.completion_tokens;
+  if (known(usage.cache_read_input_tokens)) answer.prompt_tokens_details = { cached_tokens: usage.cache_read_input_tokens };
+  if (known(usage.reasoning_tokens)) answer.completion_tokens_details = { reasoning_tokens: usage.reasoning_tokens };
+  return Object.keys(answer).length > 0 ? answer : undefined;
 }
 
 /** Brain blocks as one Chat Completions assistant message (tool names as OpenCode knows them). */
@@ -302,7 +313,9 @@ function toBrainRequest(entry, body) {
   }
   const request = { messages };
   if (system.length > 0) request.system = system.join("\n\n");
-  if (tools.length > 0) request.tools = tools;
+  // Always explicit: an absent `tools` would mean the session's tools to Brain, and OpenCode's
+  // requests without tools (its compaction summary) must offer none.
+  request.tools = tools;
   const max = body.max_completion_tokens ?? body.max_tokens;
   if (Number.isInteger(max)) request.max_output_tokens = max;
   return request;
@@ -360,6 +373,10 @@ async function mcp(entry, request, response) {
       try {
         result = await activation.ctx.callTool(name, message.params?.arguments ?? {});
       } catch (error) {
+        // A fatal error (or a cancel) aborted ctx.signal and the cancel handler is aborting
+        // OpenCode's turn: answer only once that abort is done, so that OpenCode never acts on
+        // this result with another step.
+        if (activation.ctx.signal.aborted) await aborted(entry);
         return answer({ isError: true, content: [{ type: "text", text: `tool ${name} failed (${error.code ?? "error"}): ${error.message}` }] });
       }
       const content = (result?.content ?? []).map((block) =>
@@ -402,7 +419,8 @@ serve({
     if (text === "") return undefined;
     if (ctx.signal.aborted) throw ctx.signal.reason;
     const entry = await openSession(ctx);
-    entry.activation = { ctx, modelCalls: 0, lastCallError: undefined, refused: undefined };
+    checkCatalogue(entry, ctx.input.tools ?? []);
+    entry.activation = { ctx, modelCalls: 0, lastCallError: undefined, refused: undefined, aborting: undefined };
     try {
       if (ctx.signal.aborted) throw ctx.signal.reason;
       const body = { parts: [{ type: "text", text }], model: { providerID: PROVIDER, modelID: entry.modelId }, agent: "build" };
@@ -433,8 +451,10 @@ serve({
   // ctx.signal was aborted (cancel, or a fatal callback error): abort OpenCode's running turn.
   cancel(ctx) {
     const entry = sessions.get(ctx.sessionId);
-    if (entry && entry.activation?.ctx === ctx) {
-      entry.client.session.abort({ path: { id: entry.ocSession } }).catch((error) => log("agentloop-opencode: abort failed:", error));
+    if (entry && entry.activation?.ctx === ctx && !entry.activation.aborting) {
+      entry.activation.aborting = entry.client.session
+        .abort({ path: { id: entry.ocSession } })
+        .catch((error) => log("agentloop-opencode: abort failed:", error));
     }
   },
 
@@ -450,6 +470,13 @@ serve({
 process.on("exit", () => {
   for (const id of [...sessions.keys()]) stopSession(id);
 });
+
+/** Resolves once the running activation's OpenCode abort (if one was started) has been answered. */
+async function aborted(entry) {
+  // The SDK runs the cancel handler in a later microtask than the one that aborted the signal.
+  await new Promise((resolve) => setImmediate(resolve));
+  await entry.activation?.aborting;
+}
 
 function stopSession(sessionId) {
   const entry = sessions.get(sessionId);
@@ -576,6 +603,7 @@ async function openSession(ctx) {
   const dir = join(stateDir, "opencode");
   const workspace = join(dir, "workspace");
   mkdirSync(workspace, { recursive: true, mode: 0o700 });
+  fenceWorkspace(workspace);
   const tools = input.tools ?? [];
   const toBrain = new Map();
   const toOpencode = new Map();
@@ -596,7 +624,16 @@ async function openSession(ctx) {
     server: undefined,
     client: undefined,
     ocSession: undefined,
+    /** The tool declarations the OpenCode session was created with (kept in session.json). */
+    catalogue: undefined,
   };
+  const kept = readJson(join(dir, "session.json"));
+  if (kept?.id) {
+    // Checked before anything starts (session.json from before this check has no `tools`).
+    entry.ocSession = kept.id;
+    entry.catalogue = kept.tools ?? catalogue(tools);
+    checkCatalogue(entry, tools);
+  }
   byKey.set(entry.key, entry);
   const { env, config } = serverSetup(entry, model);
   // createOpencodeServer spawns `opencode` (found on PATH) with process.env at the moment of the
@@ -628,16 +665,15 @@ async function openSession(ctx) {
   entry.client = createOpencodeClient({ baseUrl: entry.server.url, directory: workspace });
   sessions.set(ctx.sessionId, entry);
   try {
-    const kept = readJson(join(dir, "session.json"));
     if (kept?.id) {
       const found = await entry.client.session.get({ path: { id: kept.id } });
       if (!found.data) throw new HarnessError("harness_error", `OpenCode session ${kept.id} is gone from ${dir}`);
-      entry.ocSession = kept.id;
     } else {
       const created = await entry.client.session.create({ body: { title: `Brain session ${ctx.sessionId}` } });
       if (!created.data?.id) throw new HarnessError("harness_error", `opencode: creating a session failed: ${JSON.stringify(created.error)}`);
       entry.ocSession = created.data.id;
-      writeFileSync(join(dir, "session.json"), JSON.stringify({ id: entry.ocSession }));
+      entry.catalogue = catalogue(tools);
+      writeFileSync(join(dir, "session.json"), JSON.stringify({ id: entry.ocSession, tools: entry.catalogue }));
     }
   } catch (error) {
     stopSession(ctx.sessionId);
@@ -645,6 +681,45 @@ async function openSession(ctx) {
   }
   log(`agentloop-opencode: session ${ctx.sessionId} on ${entry.server.url} (opencode session ${entry.ocSession})`);
   return entry;
+}
+
+/**
+ * Makes OpenCode's working directory the root of an (empty) git repository of its own. OpenCode
+ * takes the nearest enclosing `.git` as its project: without this, a state_dir inside a checkout
+ * (a data directory under a repository) made that repository OpenCode's project, its worktree the
+ * "workspace root" of the system prompt, and OpenCode wrote its project id into the repository's
+ * git directory (`<common dir>/opencode`), outside state_dir. Written by hand (HEAD, config,
+ * objects/, refs/ is what git needs to see a repository), so no `git` runs for it.
+ */
+function fenceWorkspace(workspace) {
+  const git = join(workspace, ".git");
+  if (existsSync(join(git, "HEAD"))) return;
+  mkdirSync(join(git, "objects"), { recursive: true, mode: 0o700 });
+  mkdirSync(join(git, "refs", "heads"), { recursive: true, mode: 0o700 });
+  writeFileSync(join(git, "config"), "[core]\n\trepositoryformatversion = 0\n\tbare = false\n");
+  writeFileSync(join(git, "HEAD"), "ref: refs/heads/main\n");
+}
+
+/** The declarations of a session's tools, as the OpenCode session keeps them (no placements). */
+function catalogue(tools) {
+  return tools.map((tool) => ({ name: tool.name, description: tool.description ?? "", input_schema: tool.input_schema ?? { type: "object" } }));
+}
+
+/**
+ * Refuses an activation whose tools are not those the OpenCode session was created with: the
+ * session's MCP server, tool names and permissions are fixed when its `opencode serve` starts, and
+ * the session's history names those tools, so another catalogue fails explicitly instead of
+ * running with stale tools (Brain refuses it first for a session it recorded; this also covers
+ * native state older than Brain's record).
+ */
+function checkCatalogue(entry, tools) {
+  const now = catalogue(tools);
+  if (JSON.stringify(canonicalJson(now)) === JSON.stringify(canonicalJson(entry.catalogue))) return;
+  throw new HarnessError(
+    "unsupported_input",
+    `the tool catalogue changed since OpenCode session ${entry.ocSession} was created (its tools are fixed): ` +
+      `was [${entry.catalogue.map((t) => t.name).join(", ")}], now [${now.map((t) => t.name).join(", ")}]`,
+  );
 }
 
 function readJson(file) {
