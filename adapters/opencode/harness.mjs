@@ -7,8 +7,11 @@
 //   `createOpencodeServer` on 127.0.0.1 with HOME, TMPDIR and the XDG data/config/cache/state
 //   directories inside `<state_dir>/opencode/`; it is started at the session's first activation in
 //   this worker, kept while the session is open, and stopped at `close` and at `shutdown`;
+// - OpenCode's working directory `<state_dir>/opencode/workspace` is an empty git repository of
+//   its own, so that OpenCode never takes an enclosing checkout for its project;
 // - the OpenCode session id is kept in `<state_dir>/opencode/session.json`: a later activation
-//   (also in a restarted worker or Brain) continues that session from OpenCode's own storage;
+//   (also in a restarted worker or Brain) continues that session from OpenCode's own storage; the
+//   session's tool declarations are kept with it, and another catalogue fails unsupported_input;
 // - OpenCode's model is a custom provider `brain` (OpenCode's bundled `@ai-sdk/openai-compatible`)
 //   whose base URL is this process's loopback gateway (random port, per-process token): each
 //   Chat Completions request becomes one `brain/call model` of the session's running activation,
@@ -20,7 +23,8 @@
 // - retries: OpenCode's retry loop only retries errors it deems retryable (HTTP 408/409/429/5xx,
 //   "overloaded", …); the gateway answers a failed Brain call with a plain HTTP 400, so a failed
 //   model call fails the turn after exactly one call;
-// - `cancel` (or a fatal callback error) calls OpenCode's session abort API;
+// - `cancel` (or a fatal callback error) calls OpenCode's session abort API, and the gateway makes
+//   no further Brain call for the activation;
 // - the transcript goes to Brain with `transcript.set` before `run` is answered.
 //
 // `run` answers {"result": {"text": <the last assistant text>, "model_calls": <n>}}.
