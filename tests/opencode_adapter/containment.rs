@@ -60,6 +60,14 @@ fn git_repository(dir: &Path) {
     }
 }
 
+/// The first `name` on PATH.
+fn which(name: &str) -> PathBuf {
+    std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+        .map(|dir| dir.join(name))
+        .find(|path| path.is_file())
+        .unwrap_or_else(|| panic!("{name} is not on PATH"))
+}
+
 #[test]
 fn a_turn_with_a_tool_call_writes_nothing_outside_state_dir() {
     // Unsandboxed (a sandboxed worker cannot write outside its state root at all, so it would
@@ -78,9 +86,18 @@ fn a_turn_with_a_tool_call_writes_nothing_outside_state_dir() {
     git_repository(&repository);
     let marker = tmp.join("made-by-the-test");
     std::fs::write(&marker, "the test's own file").unwrap();
+    // The real home can be hidden only when neither the checkout nor node lives in it (a CI
+    // runner's checkout often does); HOME then still names the test's directory.
+    let node = which("node");
     let real_home = std::env::var("HOME")
         .ok()
-        .filter(|h| h.starts_with('/') && h != "/" && Path::new(h).is_dir());
+        .filter(|h| h.starts_with('/') && h != "/" && Path::new(h).is_dir())
+        .filter(|h| {
+            let home = std::fs::canonicalize(h).unwrap_or_else(|_| PathBuf::from(h));
+            let inside =
+                |path: &Path| std::fs::canonicalize(path).is_ok_and(|path| path.starts_with(&home));
+            !inside(Path::new(ROOT)) && !inside(&node)
+        });
     let bwrap = ["/usr/bin/bwrap", "/bin/bwrap"]
         .into_iter()
         .find(|path| Path::new(path).exists())
@@ -113,7 +130,7 @@ fn a_turn_with_a_tool_call_writes_nothing_outside_state_dir() {
     args.extend([
         "--die-with-parent".into(),
         "--".into(),
-        "node".into(),
+        shown(&node),
         format!("{ROOT}/adapters/opencode/harness.mjs"),
     ]);
     let registration = Registration::new("opencode", bwrap)
