@@ -585,3 +585,41 @@ fn a_changed_tool_catalogue_fails_explicitly() {
     assert_eq!(records(&session, "model_call_started").len(), 1);
     assert!(opencode_processes(&state_dir).is_empty());
 }
+
+#[test]
+fn a_tool_the_session_did_not_admit_is_never_offered_nor_run() {
+    let brain = start_opencode("oc-admitted");
+    // The model asks for OpenCode's built-in bash, which is off and which the session did not
+    // declare.
+    let script = json!([
+        asks_for(
+            "bash",
+            json!({"command": "touch pwned", "description": "x"})
+        ),
+        answers("ok")
+    ]);
+    let session = create(&brain, with_lookup_tool(script, "echo found"));
+    let outcome = wait(&session.send(text("run something")).unwrap());
+    assert_eq!(outcome.outcome, OutcomeKind::Completed, "{outcome:?}");
+    assert_eq!(outcome.result.expect("a result")["text"], "ok");
+    let requests = model_requests(&session);
+    assert_eq!(requests.len(), 2, "{requests:#?}");
+    for request in &requests {
+        assert_eq!(offered(request), ["lookup"], "{request}");
+    }
+    // Nothing ran: no tool call reached Brain, and no shell ran in OpenCode's workspace.
+    assert!(records(&session, "tool_call_started").is_empty());
+    let state_dir = session.info().unwrap().state_dir;
+    assert!(!state_dir.join("opencode/workspace/pwned").exists());
+    // The model was told the call went nowhere.
+    let last = requests[1]["messages"].as_array().unwrap().last().unwrap();
+    assert_eq!(last["content"][0]["type"], "tool_result", "{last}");
+    assert_eq!(last["content"][0]["tool_use_id"], "call_1");
+    let told = last["content"][0]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        told.contains("unavailable tool") && told.contains("Available tools: brain_lookup."),
+        "{last}"
+    );
+}
