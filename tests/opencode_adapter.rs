@@ -5,6 +5,12 @@
 
 mod common;
 
+// More of the matrix, by concern (tests/opencode_adapter/*.rs).
+#[path = "opencode_adapter/containment.rs"]
+mod containment;
+#[path = "opencode_adapter/gateway.rs"]
+mod gateway;
+
 use brain::SessionStatus;
 use brain::{Brain, Options, OutcomeKind, Registration, Session};
 use common::adapter::*;
@@ -483,4 +489,137 @@ fn deleting_the_session_removes_all_of_opencode_s_state() {
     session.delete().unwrap();
     assert!(!native.exists(), "{} is still there", native.display());
     assert!(!state_dir.exists());
+}
+
+#[test]
+fn a_small_context_window_makes_opencode_compact_through_brain_and_the_turn_completes() {
+    let brain = start_opencode("oc-compaction");
+    // OpenCode compacts once a step's tokens reach its usable window, context - output -
+    // min(20,000, output): 4,000 - 1,000 - 1,000 here. The first answer reports 3,500 input
+    // tokens, so after its tool call OpenCode summarises the history through the gateway, then
+    // goes on from the summary with a synthetic "Continue" message.
+    let mut asks = asks_for("lookup", json!({"word": "pi"}));
+    asks["usage"] = json!({"input_tokens": 3500, "output_tokens": 10});
+    let script = json!([asks, answers("SUMMARY-OF-THE-WORK"), answers("done")]);
+    let mut request = with_lookup_tool(script, "echo found-314");
+    request["model"]["context_window"] = json!(4000);
+    request["model"]["max_output_tokens"] = json!(1000);
+    let session = create(&brain, request);
+    let outcome = wait(&session.send(text("what is pi?")).unwrap());
+    assert_eq!(outcome.outcome, OutcomeKind::Completed, "{outcome:?}");
+    let result = outcome.result.expect("a result");
+    assert_eq!(result["text"], "done");
+    assert_eq!(result["model_calls"], 3);
+
+    // Every model call, the compaction's too, was a Brain model call.
+    let requests = model_requests(&session);
+    assert_eq!(requests.len(), 3, "{requests:#?}");
+    assert_eq!(offered(&requests[0]), ["lookup"]);
+    // The compaction request: OpenCode's summarising agent, no tools (explicitly none, not the
+    // session's), the history as text in one user message.
+    assert_eq!(requests[1]["tools"], json!([]), "{}", requests[1]);
+    assert!(
+        requests[1]["system"]
+            .as_str()
+            .is_some_and(|s| s.contains("summar")),
+        "{}",
+        requests[1]["system"]
+    );
+    let compaction = requests[1]["messages"].as_array().unwrap();
+    assert_eq!(compaction.len(), 1, "{}", requests[1]);
+    let history = texts(&compaction[0]).concat();
+    assert!(
+        history.contains("what is pi?") && history.contains("found-314"),
+        "{history}"
+    );
+    // The next request goes on from the summary alone, with the tools again.
+    assert_eq!(offered(&requests[2]), ["lookup"]);
+    let said: Vec<_> = conversation(&requests[2])
+        .into_iter()
+        .flat_map(|(_, texts)| texts)
+        .collect();
+    assert!(said.iter().any(|t| t == "SUMMARY-OF-THE-WORK"), "{said:?}");
+    assert!(!requests[2].to_string().contains("found-314"));
+    // The transcript keeps the conversation, not OpenCode's summary or its synthetic messages.
+    let (transcript, _) = session.transcript().unwrap();
+    let transcript = serde_json::to_value(&transcript).unwrap();
+    assert_eq!(transcript.as_array().unwrap().len(), 4, "{transcript}");
+    assert!(!transcript.to_string().contains("SUMMARY-OF-THE-WORK"));
+    assert!(
+        !transcript
+            .to_string()
+            .contains("Continue if you have next steps")
+    );
+}
+#[test]
+fn a_changed_tool_catalogue_fails_explicitly() {
+    let mut brain = start_opencode("oc-catalogue");
+    let session = create(&brain, with_lookup_tool(json!([answers("one")]), "echo x"));
+    let first = wait(&session.send(text("first")).unwrap());
+    assert_eq!(first.outcome, OutcomeKind::Completed, "{first:?}");
+    // Brain keeps the first catalogue (the adapter declares fixed_tool_catalogue) ...
+    let started = records(&session, "activation_started");
+    assert_eq!(started[0].data["catalogue"][0]["name"], "lookup");
+    // ... and so does the adapter, with the OpenCode session it was created for.
+    let state_dir = session.info().unwrap().state_dir;
+    let file = state_dir.join("opencode/session.json");
+    let mut saved: Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    assert_eq!(saved["tools"][0]["name"], "lookup", "{saved}");
+    // What an OpenCode session created with another catalogue looks like (its MCP tools, names
+    // and permissions were fixed when its server started), met by a new worker.
+    saved["tools"][0]["name"] = json!("search");
+    std::fs::write(&file, saved.to_string()).unwrap();
+    brain.restart();
+    let session = brain.session(session.id());
+
+    let second = wait(&session.send(text("second")).unwrap());
+    assert_eq!(second.outcome, OutcomeKind::Failed, "{second:?}");
+    let error = second.error.as_ref().unwrap();
+    assert_eq!(error.code.as_str(), "unsupported_input");
+    assert!(
+        error.message.contains("tool catalogue changed") && error.message.contains("search"),
+        "{}",
+        error.message
+    );
+    // Refused before OpenCode started or the model was called.
+    assert_eq!(records(&session, "model_call_started").len(), 1);
+    assert!(opencode_processes(&state_dir).is_empty());
+}
+
+#[test]
+fn a_tool_the_session_did_not_admit_is_never_offered_nor_run() {
+    let brain = start_opencode("oc-admitted");
+    // The model asks for OpenCode's built-in bash, which is off and which the session did not
+    // declare.
+    let script = json!([
+        asks_for(
+            "bash",
+            json!({"command": "touch pwned", "description": "x"})
+        ),
+        answers("ok")
+    ]);
+    let session = create(&brain, with_lookup_tool(script, "echo found"));
+    let outcome = wait(&session.send(text("run something")).unwrap());
+    assert_eq!(outcome.outcome, OutcomeKind::Completed, "{outcome:?}");
+    assert_eq!(outcome.result.expect("a result")["text"], "ok");
+    let requests = model_requests(&session);
+    assert_eq!(requests.len(), 2, "{requests:#?}");
+    for request in &requests {
+        assert_eq!(offered(request), ["lookup"], "{request}");
+    }
+    // Nothing ran: no tool call reached Brain, and no shell ran in OpenCode's workspace.
+    assert!(records(&session, "tool_call_started").is_empty());
+    let state_dir = session.info().unwrap().state_dir;
+    assert!(!state_dir.join("opencode/workspace/pwned").exists());
+    // The model was told the call went nowhere.
+    let last = requests[1]["messages"].as_array().unwrap().last().unwrap();
+    assert_eq!(last["content"][0]["type"], "tool_result", "{last}");
+    assert_eq!(last["content"][0]["tool_use_id"], "call_1");
+    let told = last["content"][0]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        told.contains("unavailable tool") && told.contains("Available tools: brain_lookup."),
+        "{last}"
+    );
 }

@@ -7,8 +7,11 @@
 //   `createOpencodeServer` on 127.0.0.1 with HOME, TMPDIR and the XDG data/config/cache/state
 //   directories inside `<state_dir>/opencode/`; it is started at the session's first activation in
 //   this worker, kept while the session is open, and stopped at `close` and at `shutdown`;
+// - OpenCode's working directory `<state_dir>/opencode/workspace` is an empty git repository of
+//   its own, so that OpenCode never takes an enclosing checkout for its project;
 // - the OpenCode session id is kept in `<state_dir>/opencode/session.json`: a later activation
-//   (also in a restarted worker or Brain) continues that session from OpenCode's own storage;
+//   (also in a restarted worker or Brain) continues that session from OpenCode's own storage; the
+//   session's tool declarations are kept with it, and another catalogue fails unsupported_input;
 // - OpenCode's model is a custom provider `brain` (OpenCode's bundled `@ai-sdk/openai-compatible`)
 //   whose base URL is this process's loopback gateway (random port, per-process token): each
 //   Chat Completions request becomes one `brain/call model` of the session's running activation,
@@ -20,7 +23,8 @@
 // - retries: OpenCode's retry loop only retries errors it deems retryable (HTTP 408/409/429/5xx,
 //   "overloaded", …); the gateway answers a failed Brain call with a plain HTTP 400, so a failed
 //   model call fails the turn after exactly one call;
-// - `cancel` (or a fatal callback error) calls OpenCode's session abort API;
+// - `cancel` (or a fatal callback error) calls OpenCode's session abort API, and the gateway makes
+//   no further Brain call for the activation;
 // - the transcript goes to Brain with `transcript.set` before `run` is answered.
 //
 // `run` answers {"result": {"text": <the last assistant text>, "model_calls": <n>}}.
@@ -152,6 +156,10 @@ async function chatCompletions(entry, body, response) {
   if (!activation) {
     return reply(response, 400, { error: { message: "brain: a model call outside of an activation", type: "invalid_request_error" } });
   }
+  if (activation.ctx.signal.aborted) {
+    // Cancelled, or a callback failed fatally: no further callback; OpenCode's abort is under way.
+    return reply(response, 400, { error: { message: "brain: the activation was stopped", type: "invalid_request_error" } });
+  }
   let request;
   try {
     request = toBrainRequest(entry, body);
@@ -196,17 +204,24 @@ async function chatCompletions(entry, body, response) {
   response.end();
 }
 
+/**
+ * Brain's usage as Chat Completions usage, with only the counters Brain has: nothing is zero-filled.
+ * `prompt_tokens` counts cached input too (Brain's `input_tokens` does not), so it is given only
+ * when `input_tokens` is; `total_tokens` only when both sides are known. Undefined when Brain
+ * reported nothing, and then the answer carries no `usage` at all.
+ */
 function toChatUsage(usage) {
-  if (!usage || (usage.input_tokens === undefined && usage.output_tokens === undefined)) return undefined;
-  const cached = usage.cache_read_input_tokens ?? 0;
-  const prompt = (usage.input_tokens ?? 0) + cached + (usage.cache_creation_input_tokens ?? 0);
-  const completion = usage.output_tokens ?? 0;
-  return {
-    prompt_tokens: prompt,
-    completion_tokens: completion,
-    total_tokens: prompt + completion,
-    prompt_tokens_details: { cached_tokens: cached },
-  };
+  if (!usage) return undefined;
+  const known = (n) => Number.isInteger(n);
+  const answer = {};
+  if (known(usage.input_tokens)) {
+    answer.prompt_tokens = usage.input_tokens + (usage.cache_read_input_tokens ?? 0) + (usage.cache_creation_input_tokens ?? 0);
+  }
+  if (known(usage.output_tokens)) answer.completion_tokens = usage.output_tokens;
+  if (known(answer.prompt_tokens) && known(answer.completion_tokens)) answer.total_tokens = answer.prompt_tokens + answer.completion_tokens;
+  if (known(usage.cache_read_input_tokens)) answer.prompt_tokens_details = { cached_tokens: usage.cache_read_input_tokens };
+  if (known(usage.reasoning_tokens)) answer.completion_tokens_details = { reasoning_tokens: usage.reasoning_tokens };
+  return Object.keys(answer).length > 0 ? answer : undefined;
 }
 
 /** Brain blocks as one Chat Completions assistant message (tool names as OpenCode knows them). */
@@ -302,7 +317,9 @@ function toBrainRequest(entry, body) {
   }
   const request = { messages };
   if (system.length > 0) request.system = system.join("\n\n");
-  if (tools.length > 0) request.tools = tools;
+  // Always explicit: an absent `tools` would mean the session's tools to Brain, and OpenCode's
+  // requests without tools (its compaction summary) must offer none.
+  request.tools = tools;
   const max = body.max_completion_tokens ?? body.max_tokens;
   if (Number.isInteger(max)) request.max_output_tokens = max;
   return request;
@@ -360,6 +377,10 @@ async function mcp(entry, request, response) {
       try {
         result = await activation.ctx.callTool(name, message.params?.arguments ?? {});
       } catch (error) {
+        // A fatal error (or a cancel) aborted ctx.signal and the cancel handler is aborting
+        // OpenCode's turn: answer only once that abort is done, so that OpenCode never acts on
+        // this result with another step.
+        if (activation.ctx.signal.aborted) await aborted(entry);
         return answer({ isError: true, content: [{ type: "text", text: `tool ${name} failed (${error.code ?? "error"}): ${error.message}` }] });
       }
       const content = (result?.content ?? []).map((block) =>
@@ -402,13 +423,17 @@ serve({
     if (text === "") return undefined;
     if (ctx.signal.aborted) throw ctx.signal.reason;
     const entry = await openSession(ctx);
-    entry.activation = { ctx, modelCalls: 0, lastCallError: undefined, refused: undefined };
+    checkCatalogue(entry, ctx.input.tools ?? []);
+    entry.activation = { ctx, modelCalls: 0, lastCallError: undefined, refused: undefined, aborting: undefined };
     try {
       if (ctx.signal.aborted) throw ctx.signal.reason;
       const body = { parts: [{ type: "text", text }], model: { providerID: PROVIDER, modelID: entry.modelId }, agent: "build" };
       if (typeof ctx.input.system === "string" && ctx.input.system !== "") body.system = ctx.input.system;
       const answer = await entry.client.session.prompt({ path: { id: entry.ocSession }, body });
-      await saveTranscript(ctx, entry);
+      // After a fatal callback error other than `cancelled` Brain admits no further callback of
+      // the activation (the transcript too); after a cancel, transcript.set still works.
+      const reason = ctx.signal.aborted ? ctx.signal.reason : undefined;
+      if (!(reason instanceof CallError && reason.code !== "cancelled")) await saveTranscript(ctx, entry);
       if (ctx.signal.aborted) throw ctx.signal.reason;
       if (answer.error) {
         throw new HarnessError("harness_error", `opencode: ${JSON.stringify(answer.error).slice(0, 2000)}`);
@@ -433,8 +458,10 @@ serve({
   // ctx.signal was aborted (cancel, or a fatal callback error): abort OpenCode's running turn.
   cancel(ctx) {
     const entry = sessions.get(ctx.sessionId);
-    if (entry && entry.activation?.ctx === ctx) {
-      entry.client.session.abort({ path: { id: entry.ocSession } }).catch((error) => log("agentloop-opencode: abort failed:", error));
+    if (entry && entry.activation?.ctx === ctx && !entry.activation.aborting) {
+      entry.activation.aborting = entry.client.session
+        .abort({ path: { id: entry.ocSession } })
+        .catch((error) => log("agentloop-opencode: abort failed:", error));
     }
   },
 
@@ -450,6 +477,13 @@ serve({
 process.on("exit", () => {
   for (const id of [...sessions.keys()]) stopSession(id);
 });
+
+/** Resolves once the running activation's OpenCode abort (if one was started) has been answered. */
+async function aborted(entry) {
+  // The SDK runs the cancel handler in a later microtask than the one that aborted the signal.
+  await new Promise((resolve) => setImmediate(resolve));
+  await entry.activation?.aborting;
+}
 
 function stopSession(sessionId) {
   const entry = sessions.get(sessionId);
@@ -576,6 +610,7 @@ async function openSession(ctx) {
   const dir = join(stateDir, "opencode");
   const workspace = join(dir, "workspace");
   mkdirSync(workspace, { recursive: true, mode: 0o700 });
+  fenceWorkspace(workspace);
   const tools = input.tools ?? [];
   const toBrain = new Map();
   const toOpencode = new Map();
@@ -596,7 +631,16 @@ async function openSession(ctx) {
     server: undefined,
     client: undefined,
     ocSession: undefined,
+    /** The tool declarations the OpenCode session was created with (kept in session.json). */
+    catalogue: undefined,
   };
+  const kept = readJson(join(dir, "session.json"));
+  if (kept?.id) {
+    // Checked before anything starts (session.json from before this check has no `tools`).
+    entry.ocSession = kept.id;
+    entry.catalogue = kept.tools ?? catalogue(tools);
+    checkCatalogue(entry, tools);
+  }
   byKey.set(entry.key, entry);
   const { env, config } = serverSetup(entry, model);
   // createOpencodeServer spawns `opencode` (found on PATH) with process.env at the moment of the
@@ -628,16 +672,15 @@ async function openSession(ctx) {
   entry.client = createOpencodeClient({ baseUrl: entry.server.url, directory: workspace });
   sessions.set(ctx.sessionId, entry);
   try {
-    const kept = readJson(join(dir, "session.json"));
     if (kept?.id) {
       const found = await entry.client.session.get({ path: { id: kept.id } });
       if (!found.data) throw new HarnessError("harness_error", `OpenCode session ${kept.id} is gone from ${dir}`);
-      entry.ocSession = kept.id;
     } else {
       const created = await entry.client.session.create({ body: { title: `Brain session ${ctx.sessionId}` } });
       if (!created.data?.id) throw new HarnessError("harness_error", `opencode: creating a session failed: ${JSON.stringify(created.error)}`);
       entry.ocSession = created.data.id;
-      writeFileSync(join(dir, "session.json"), JSON.stringify({ id: entry.ocSession }));
+      entry.catalogue = catalogue(tools);
+      writeFileSync(join(dir, "session.json"), JSON.stringify({ id: entry.ocSession, tools: entry.catalogue }));
     }
   } catch (error) {
     stopSession(ctx.sessionId);
@@ -645,6 +688,45 @@ async function openSession(ctx) {
   }
   log(`agentloop-opencode: session ${ctx.sessionId} on ${entry.server.url} (opencode session ${entry.ocSession})`);
   return entry;
+}
+
+/**
+ * Makes OpenCode's working directory the root of an (empty) git repository of its own. OpenCode
+ * takes the nearest enclosing `.git` as its project: without this, a state_dir inside a checkout
+ * (a data directory under a repository) made that repository OpenCode's project, its worktree the
+ * "workspace root" of the system prompt, and OpenCode wrote its project id into the repository's
+ * git directory (`<common dir>/opencode`), outside state_dir. Written by hand (HEAD, config,
+ * objects/, refs/ is what git needs to see a repository), so no `git` runs for it.
+ */
+function fenceWorkspace(workspace) {
+  const git = join(workspace, ".git");
+  if (existsSync(join(git, "HEAD"))) return;
+  mkdirSync(join(git, "objects"), { recursive: true, mode: 0o700 });
+  mkdirSync(join(git, "refs", "heads"), { recursive: true, mode: 0o700 });
+  writeFileSync(join(git, "config"), "[core]\n\trepositoryformatversion = 0\n\tbare = false\n");
+  writeFileSync(join(git, "HEAD"), "ref: refs/heads/main\n");
+}
+
+/** The declarations of a session's tools, as the OpenCode session keeps them (no placements). */
+function catalogue(tools) {
+  return tools.map((tool) => ({ name: tool.name, description: tool.description ?? "", input_schema: tool.input_schema ?? { type: "object" } }));
+}
+
+/**
+ * Refuses an activation whose tools are not those the OpenCode session was created with: the
+ * session's MCP server, tool names and permissions are fixed when its `opencode serve` starts, and
+ * the session's history names those tools, so another catalogue fails explicitly instead of
+ * running with stale tools (Brain refuses it first for a session it recorded; this also covers
+ * native state older than Brain's record).
+ */
+function checkCatalogue(entry, tools) {
+  const now = catalogue(tools);
+  if (JSON.stringify(canonicalJson(now)) === JSON.stringify(canonicalJson(entry.catalogue))) return;
+  throw new HarnessError(
+    "unsupported_input",
+    `the tool catalogue changed since OpenCode session ${entry.ocSession} was created (its tools are fixed): ` +
+      `was [${entry.catalogue.map((t) => t.name).join(", ")}], now [${now.map((t) => t.name).join(", ")}]`,
+  );
 }
 
 function readJson(file) {

@@ -2,10 +2,11 @@
 //! Brain that cleans up after a passing test, the scripted model with the metadata every adapter
 //! requires, and readers of what the journal recorded.
 
-use super::{BRAIN, WAIT, run_bounded, start, temp_dir};
+use super::{BRAIN, WAIT, run_bounded, temp_dir};
+use brain::effects::Effects;
 use brain::protocol::harness::{Block, Event, UserInput};
 use brain::session::CreateSession;
-use brain::{Activation, Brain, Options, Outcome, Registration, Session};
+use brain::{Activation, Brain, Config, Options, Outcome, Registration, Registrations, Session};
 use serde_json::{Value, json};
 use std::ops::Deref;
 use std::path::{Path, PathBuf};
@@ -29,6 +30,7 @@ pub struct Running {
     brain: Option<Brain>,
     options: Options,
     registrations: Vec<Registration>,
+    effects: Effects,
     _scratch: Scratch,
 }
 
@@ -50,6 +52,15 @@ impl Drop for Running {
 impl Running {
     /// Starts Brain with `registrations`; the data directory's parent is the test's scratch.
     pub fn start(registrations: Vec<Registration>, options: Options) -> Running {
+        Running::start_with(registrations, options, Effects::default())
+    }
+
+    /// [`Running::start`] with these model providers and environment drivers.
+    pub fn start_with(
+        registrations: Vec<Registration>,
+        options: Options,
+        effects: Effects,
+    ) -> Running {
         let scratch = Scratch(
             options
                 .data_dir
@@ -57,11 +68,12 @@ impl Running {
                 .expect("the data dir has a parent")
                 .to_path_buf(),
         );
-        let brain = start(registrations.clone(), options.clone());
+        let brain = start_brain(&registrations, &options, &effects);
         Running {
             brain: Some(brain),
             options,
             registrations,
+            effects,
             _scratch: scratch,
         }
     }
@@ -72,8 +84,21 @@ impl Running {
         if let Some(brain) = self.brain.take() {
             brain.shutdown(Duration::from_secs(5));
         }
-        self.brain = Some(start(self.registrations.clone(), self.options.clone()));
+        self.brain = Some(start_brain(
+            &self.registrations,
+            &self.options,
+            &self.effects,
+        ));
     }
+}
+
+fn start_brain(registrations: &[Registration], options: &Options, effects: &Effects) -> Brain {
+    let registrations =
+        Registrations::from_vec(registrations.to_vec()).expect("valid registrations");
+    let mut config = Config::new(registrations);
+    config.options = options.clone();
+    config.effects = effects.clone();
+    Brain::start(config).unwrap_or_else(|error| panic!("Brain refused to start: {error}"))
 }
 
 /// The model every adapter session uses: the scripted provider with the metadata the adapters
