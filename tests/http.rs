@@ -861,17 +861,8 @@ fn slow_and_idle_clients_do_not_block_others() {
 
     // A client trickling a body holds no worker either: its request waits in the accept thread
     // until the whole body is there, while others are answered; then it is answered too.
-    let auth = bearer();
     let body = json!({"agentloop": {"name": "ref", "configuration": {}}}).to_string();
-    let request = encode(
-        "POST",
-        "/v1/sessions",
-        &[
-            ("authorization", auth.as_str()),
-            ("content-type", "application/json"),
-        ],
-        body.as_bytes(),
-    );
+    let request = create_request(&body);
     let (head_and_half, rest) = request.split_at(request.len() - body.len() / 2);
     let trickling = connect(server.addr);
     (&trickling).write_all(head_and_half).unwrap();
@@ -882,6 +873,16 @@ fn slow_and_idle_clients_do_not_block_others() {
     read_reply(&mut BufReader::new(trickling))
         .unwrap()
         .expect(201, None);
+}
+
+/// The bytes of an authorised `POST /v1/sessions` with this body.
+fn create_request(body: &str) -> Vec<u8> {
+    let auth = bearer();
+    let headers = [
+        ("authorization", auth.as_str()),
+        ("content-type", "application/json"),
+    ];
+    encode("POST", "/v1/sessions", &headers, body.as_bytes())
 }
 
 /// Writes `rest` a byte every 20 ms on its own thread until the server stops reading (it
@@ -915,21 +916,12 @@ fn a_trickled_body_is_cut_off_at_its_deadline_while_other_requests_are_served() 
         ..HttpOptions::default()
     };
     let server = serve(vec![reference()], "http-trickle", options);
-    let auth = bearer();
     for size in [200, 100 * 1024] {
         let body = format!(
             "{{\"agentloop\": {{\"name\": \"ref\"}}, \"metadata\": {{\"pad\": \"{}\"}}}}",
             "x".repeat(size)
         );
-        let request = encode(
-            "POST",
-            "/v1/sessions",
-            &[
-                ("authorization", auth.as_str()),
-                ("content-type", "application/json"),
-            ],
-            body.as_bytes(),
-        );
+        let request = create_request(&body);
         // The head and all of the body but its last 100 bytes at once; those a byte at a time.
         let (first, rest) = request.split_at(request.len() - 100);
         let stream = connect(server.addr);
