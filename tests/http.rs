@@ -430,6 +430,13 @@ fn client_events_event_only_activations_and_async_messages() {
         )
         .expect(422, Some("invalid_request"));
 
+    // Preferences Brain does not know are ignored, as RFC 7240 asks: the request waits as usual.
+    let waited = server
+        .message(&id, "waits", &[("prefer", "handling=lenient, wait=5")])
+        .expect(200, None);
+    assert_eq!(waited.header("preference-applied"), None);
+    assert_eq!(waited.json()["outcome"], "completed");
+
     // Prefer: respond-async answers 202 at once; the outcome lands in the journal.
     let accepted = server
         .message(&id, "later", &[("prefer", "respond-async")])
@@ -438,7 +445,7 @@ fn client_events_event_only_activations_and_async_messages() {
     let accepted = accepted.json();
     assert_eq!(accepted["session_id"], id.as_str());
     let sequence = accepted["sequence"].as_u64().expect("a sequence");
-    server.wait_for_records(&id, "activation_finished", 2);
+    server.wait_for_records(&id, "activation_finished", 3);
     let page = server
         .call(
             "GET",
@@ -669,6 +676,20 @@ fn sse_catches_up_follows_live_and_resumes_from_last_event_id() {
             None,
         )
         .expect(400, Some("invalid_request"));
+    // So it is on a page, which does not use it (found by schemathesis: it was ignored there).
+    let refused = server
+        .call_with(
+            "GET",
+            &format!("/v1/sessions/{id}/events"),
+            &[("last-event-id", "")],
+            None,
+        )
+        .expect(400, Some("invalid_request"));
+    assert!(
+        refused.text().contains("Last-Event-ID"),
+        "{}",
+        refused.text()
+    );
 
     // Stopping the server ends open streams.
     let mut server = server;
