@@ -555,6 +555,49 @@ fn a_failing_model_call_fails_the_run_with_its_code_after_exactly_one_call() {
 }
 
 #[test]
+fn a_fatal_callback_error_stops_the_turn_promptly_with_no_further_callback() {
+    let brain = Running::start_with(vec![codex()], options("codex-fatal"), fatal_second_call());
+    // The first call asks for the tool; the second, after the tool's result, fails fatally.
+    let script = json!([asks_for("lookup", json!({"word": "pi"})), answers("never")]);
+    let mut request = with_lookup_tool(script, "echo found-314");
+    request["model"]["provider"] = json!("fatal-second-call");
+    let session = create(&brain, request);
+    let worker = worker_pid(&brain);
+    let activation = session.send(text("what is pi?")).unwrap();
+    session
+        .wait_for_events(WAIT, |events| {
+            let finished = events
+                .iter()
+                .filter(|e| e.event_type == "model_call_finished");
+            finished.count() == 2
+        })
+        .expect("the second model call finished");
+    let failed_at = Instant::now();
+    let outcome = wait(&activation);
+    let took = failed_at.elapsed();
+    assert_eq!(outcome.outcome, OutcomeKind::Failed, "{outcome:?}");
+    assert_eq!(outcome.error.as_ref().unwrap().code, "journal_failed");
+    // Answered well within the fatal grace (5 s): Brain did not have to kill the worker.
+    assert!(
+        took < Duration::from_secs(3),
+        "run answered {took:?} after the fatal error"
+    );
+    assert_eq!(worker_pid(&brain), worker);
+    assert_eq!(brain.status().worker("codex", 0).unwrap().restarts, 0);
+    // No callback after the fatal one, not even one Brain refused (counted, never recorded).
+    assert_eq!(records(&session, "model_call_started").len(), 2);
+    assert_eq!(records(&session, "tool_call_started").len(), 1);
+    let metrics = brain.metrics_text();
+    let refused: Vec<_> = metrics
+        .lines()
+        .filter(|line| line.starts_with("brain_callbacks_total{method=\"refused\""))
+        .collect();
+    assert!(refused.is_empty(), "{refused:?}");
+    assert_interrupted(&session, activation.sequence());
+    assert_no_violations(&brain);
+}
+
+#[test]
 fn a_small_context_window_makes_codex_compact_through_brain_and_the_turn_completes() {
     let brain = start_codex("compaction");
     // The first answer reports more input tokens than the window leaves before compaction

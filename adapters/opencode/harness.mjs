@@ -430,10 +430,7 @@ serve({
       const body = { parts: [{ type: "text", text }], model: { providerID: PROVIDER, modelID: entry.modelId }, agent: "build" };
       if (typeof ctx.input.system === "string" && ctx.input.system !== "") body.system = ctx.input.system;
       const answer = await entry.client.session.prompt({ path: { id: entry.ocSession }, body });
-      // After a fatal callback error other than `cancelled` Brain admits no further callback of
-      // the activation (the transcript too); after a cancel, transcript.set still works.
-      const reason = ctx.signal.aborted ? ctx.signal.reason : undefined;
-      if (!(reason instanceof CallError && reason.code !== "cancelled")) await saveTranscript(ctx, entry);
+      await saveTranscript(ctx, entry);
       if (ctx.signal.aborted) throw ctx.signal.reason;
       if (answer.error) {
         throw new HarnessError("harness_error", `opencode: ${JSON.stringify(answer.error).slice(0, 2000)}`);

@@ -334,6 +334,15 @@ class Activation {
     if (this.finished) {
       return Promise.reject(new CallError("activation_closed", "the activation was already answered", true));
     }
+    // After a fatal error other than `cancelled` Brain admits no callback of the activation
+    // (PROTOCOL.md §7.2): refused here, not sent, so the transcript.set a harness makes on its way
+    // out is not a callback Brain has to refuse. After a cancel, callbacks still go to Brain.
+    const stopped = this.abortReason;
+    if (stopped instanceof CallError && stopped.fatal && stopped.code !== "cancelled") {
+      return Promise.reject(
+        new CallError("activation_closed", `the activation was stopped by a fatal ${stopped.code} error`, true),
+      );
+    }
     const promise = this.connection.call({
       session_id: this.ctx.sessionId,
       sequence: this.ctx.sequence,

@@ -266,3 +266,32 @@ pub fn assert_text_only_refusals(brain: &Brain, adapter: &str) -> Session {
     );
     session
 }
+
+/// The `scripted` provider, except that the session's second model call fails with a fatal
+/// code: what Brain answers when its journal cannot record the call (`journal_failed`).
+struct FatalSecondCall(brain::effects::ScriptedProvider);
+
+impl brain::effects::ModelProvider for FatalSecondCall {
+    fn call(
+        &self,
+        call: &brain::effects::ModelCall<'_>,
+        cancel: &brain::cancel::CancelToken,
+    ) -> Result<brain::protocol::harness::ModelResult, brain::effects::EffectError> {
+        if call.ordinal == 1 {
+            return Err(brain::effects::EffectError::Failed {
+                code: brain::protocol::harness::ErrorCode::JournalFailed,
+                message: "the test's journal cannot record this call".to_owned(),
+            });
+        }
+        self.0.call(call, cancel)
+    }
+}
+
+/// Effects with a model provider named `fatal-second-call`: the scripted model, whose second
+/// call of a session fails fatally (`journal_failed`), for the adapters' fatal-error tests.
+pub fn fatal_second_call() -> Effects {
+    Effects::default().with_provider(
+        "fatal-second-call",
+        std::sync::Arc::new(FatalSecondCall(brain::effects::ScriptedProvider::new())),
+    )
+}

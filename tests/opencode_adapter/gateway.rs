@@ -2,10 +2,6 @@
 //! blocks kept byte for byte, and a fatal callback error stopping the turn.
 
 use super::*;
-use brain::cancel::CancelToken;
-use brain::effects::{EffectError, Effects, ModelCall, ModelProvider, ScriptedProvider};
-use brain::protocol::harness::{ErrorCode, ModelResult};
-use std::sync::Arc;
 
 /// An opaque provider block with the awkward parts real ones have: escapes, non-ASCII text,
 /// nesting, empty members, large (JavaScript-safe) integers.
@@ -250,29 +246,9 @@ fn the_gateway_streams_text_and_tool_calls_as_chat_completions_chunks_without_in
     drop(scratch);
 }
 
-/// The `scripted` provider, except that the session's second model call fails with a fatal
-/// code: what Brain answers when its journal cannot record the call (`journal_failed`).
-struct FatalSecondCall(ScriptedProvider);
-
-impl ModelProvider for FatalSecondCall {
-    fn call(&self, call: &ModelCall<'_>, cancel: &CancelToken) -> Result<ModelResult, EffectError> {
-        if call.ordinal == 1 {
-            return Err(EffectError::Failed {
-                code: ErrorCode::JournalFailed,
-                message: "the test's journal cannot record this call".to_owned(),
-            });
-        }
-        self.0.call(call, cancel)
-    }
-}
-
 #[test]
 fn a_fatal_callback_error_stops_the_turn_promptly_with_no_further_callback() {
-    let effects = Effects::default().with_provider(
-        "fatal-second-call",
-        Arc::new(FatalSecondCall(ScriptedProvider::new())),
-    );
-    let brain = Running::start_with(vec![opencode()], options("oc-fatal"), effects);
+    let brain = Running::start_with(vec![opencode()], options("oc-fatal"), fatal_second_call());
     // The first call asks for the tool; the second, after the tool's result, fails fatally.
     let script = json!([
         asks_for("lookup", json!({"word": "pi"})),

@@ -192,6 +192,47 @@ test("a fatal callback error aborts ctx.signal, runs the cancel handler, and run
   await h.end();
 });
 
+test("after a fatal callback error other than cancelled, callbacks are refused without being sent", async () => {
+  const h = harness({
+    run: async (ctx) => {
+      await ctx.callModel({ messages: [] }).catch(() => {});
+      const refused = await ctx.transcript.set([]).catch((error) => error);
+      return { code: refused.code, fatal: refused.fatal };
+    },
+  });
+  h.send(run(1));
+  const call = await h.next();
+  h.send({
+    id: call.id,
+    error: { code: -32000, message: "journal broke", data: { code: "journal_failed", fatal: true } },
+  });
+  // The next line is the run's answer: transcript.set never reached the wire.
+  const ended = await h.next();
+  assert.equal(ended.method, undefined, JSON.stringify(ended));
+  assert.equal(ended.id, 1);
+  assert.equal(ended.error.data.code, "journal_failed");
+  assert.equal(h.pendingLines(), 0);
+  await h.end();
+});
+
+test("after a cancel, callbacks still reach Brain", async () => {
+  const h = harness({
+    run: (ctx) =>
+      new Promise((resolve) => {
+        ctx.signal.addEventListener("abort", () => resolve(ctx.transcript.set([]).then(() => ({}))));
+      }),
+  });
+  h.send(run(3, 4));
+  h.send({ id: 4, method: "cancel", params: { session_id: "ses_01234567890123456789", sequence: 4 } });
+  assert.deepEqual(await h.next(), { jsonrpc: "2.0", id: 4, result: {} });
+  const call = await h.next();
+  assert.equal(call.params.method, "transcript.set");
+  h.send({ id: call.id, result: {} });
+  const ended = await h.next();
+  assert.equal(ended.error.data.code, "cancelled");
+  await h.end();
+});
+
 test("a non-fatal callback error is the harness's to handle and does not abort", async () => {
   const h = harness({
     run: async (ctx) => {
