@@ -159,7 +159,10 @@ export interface Context {
   stateDir: string;
   model: ModelMetadata;
   input: RunParams["input"];
-  /** Aborted when Brain sends `cancel` or a callback fails with a fatal error. */
+  /**
+   * Aborted when Brain sends `cancel` or a callback fails with a fatal error. After a fatal error
+   * other than `cancelled`, every callback is refused `activation_closed` without being sent.
+   */
   signal: AbortSignal;
   /** Any `brain/call`: answers its result object. */
   call(method: string, input?: unknown): Promise<any>;

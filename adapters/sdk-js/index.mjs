@@ -21,7 +21,10 @@
 // - `ctx.signal` is aborted when Brain sends `cancel` or a callback fails with a fatal error, and
 //   then the harness's `cancel(ctx, reason)` handler runs, once;
 // - after `cancel`, or after a fatal callback error, `run` is answered with that error whatever the
-//   handler returned or threw (a result answered after `cancel` would complete the activation).
+//   handler returned or threw (a result answered after `cancel` would complete the activation);
+// - after a fatal callback error other than `cancelled`, every callback of the activation is
+//   refused `activation_closed` without being sent, as Brain would refuse it (after a cancel,
+//   callbacks such as `transcript.set` still go to Brain).
 
 import { createInterface } from "node:readline";
 
