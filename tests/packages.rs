@@ -195,14 +195,19 @@ import {{ opencode }} from "{modules}/agentloop-opencode/index.mjs";
 const brain = new BrainClient({{ url: "http://{addr}", token: "{token}" }});
 const model = {{ provider: "scripted", name: "default", context_window: 200000, max_output_tokens: 8192 }};
 for (const selection of [pi({{ configuration: {{ compaction: false }} }}), codex(), opencode()]) {{
-  const session = await brain.createSession(selection, {{ model }});
-  const answer = await brain.send(session.session_id, `hi ${{selection.name}}`);
+  const key = {{ idempotencyKey: `create-${{selection.name}}` }};
+  const session = await brain.createSession(selection, {{ model }}, key);
+  const again = await brain.createSession(selection, {{ model }}, key);
+  const said = {{ idempotencyKey: `hi-${{selection.name}}` }};
+  const answer = await brain.send(session.session_id, `hi ${{selection.name}}`, said);
+  const retried = await brain.send(session.session_id, `hi ${{selection.name}}`, said);
   const seen = [];
   for await (const event of brain.events(session.session_id)) {{
     seen.push(event.type);
     if (event.type === "activation_finished") break;
   }}
-  console.log(JSON.stringify({{ name: selection.name, outcome: answer.outcome, text: answer.result?.text, seen }}));
+  const retry = {{ session: again.session_id === session.session_id, answer: JSON.stringify(retried) === JSON.stringify(answer) }};
+  console.log(JSON.stringify({{ name: selection.name, outcome: answer.outcome, text: answer.result?.text, seen, retry }}));
 }}
 "#,
         modules = modules.display(),
@@ -228,5 +233,7 @@ for (const selection of [pi({{ configuration: {{ compaction: false }} }}), codex
         let seen = line["seen"].as_array().expect("event types");
         assert!(seen.iter().any(|t| t == "session_created"), "{line}");
         assert!(seen.iter().any(|t| t == "activation_finished"), "{line}");
+        // Retried with their idempotency keys, the create and the send got the first answers.
+        assert_eq!(line["retry"], json!({"session": true, "answer": true}), "{line}");
     }
 }

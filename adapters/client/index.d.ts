@@ -66,9 +66,15 @@ export class BrainError extends Error {
 export class BrainClient {
   constructor(options: { url?: string; token: string });
   url: string;
-  createSession<C>(selection: Selection<C>, request?: SessionRequest): Promise<SessionView>;
-  send(sessionId: string, content: string | Block[], options?: { deadlineMs?: number }): Promise<ActivationAnswer>;
-  start(sessionId: string, content: string | Block[]): Promise<ActivationAnswer>;
+  /** With `idempotencyKey` (1–255 visible ASCII characters), a retry gets the first attempt's session. */
+  createSession<C>(
+    selection: Selection<C>,
+    request?: SessionRequest,
+    options?: { idempotencyKey?: string },
+  ): Promise<SessionView>;
+  /** With `idempotencyKey`, a retry gets the first attempt's activation and outcome. */
+  send(sessionId: string, content: string | Block[], options?: { idempotencyKey?: string }): Promise<ActivationAnswer>;
+  start(sessionId: string, content: string | Block[], options?: { idempotencyKey?: string }): Promise<ActivationAnswer>;
   session(sessionId: string): Promise<SessionView>;
   cancel(sessionId: string): Promise<unknown>;
   close(sessionId: string): Promise<SessionView>;

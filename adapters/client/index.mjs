@@ -38,23 +38,28 @@ export class BrainClient {
     return value;
   }
 
-  /** Creates a session from an adapter's selection (`pi({...})`) and the rest of the request. */
-  createSession(selection, request = {}) {
-    return this.request("POST", "/v1/sessions", { ...request, agentloop: selection });
+  /**
+   * Creates a session from an adapter's selection (`pi({...})`) and the rest of the request. With
+   * `idempotencyKey`, a retry with the same key and request gets the session the first made.
+   */
+  createSession(selection, request = {}, { idempotencyKey } = {}) {
+    return this.request("POST", "/v1/sessions", { ...request, agentloop: selection }, keyed(idempotencyKey));
   }
 
-  /** Sends a message (text or blocks) and waits for the activation's outcome. */
-  send(sessionId, content, { deadlineMs } = {}) {
-    const blocks = typeof content === "string" ? [{ type: "text", text: content }] : content;
-    const body = { content: blocks, ...(deadlineMs === undefined ? {} : { deadline_ms: deadlineMs }) };
-    return this.request("POST", `/v1/sessions/${encodeURIComponent(sessionId)}/messages`, body);
+  /**
+   * Sends a message (text or blocks) and waits for the activation's outcome. With
+   * `idempotencyKey`, a retry with the same key and content gets the first attempt's activation
+   * and its outcome, and admits nothing (docs/OPERATIONS.md, "Retrying safely").
+   */
+  send(sessionId, content, { idempotencyKey } = {}) {
+    return this.request("POST", messages(sessionId), { content: blocks(content) }, keyed(idempotencyKey));
   }
 
-  /** Admits the activation and answers at once (`Prefer: respond-async`). */
-  start(sessionId, content) {
-    const blocks = typeof content === "string" ? [{ type: "text", text: content }] : content;
-    return this.request("POST", `/v1/sessions/${encodeURIComponent(sessionId)}/messages`, { content: blocks }, {
+  /** Admits the activation and answers at once (`Prefer: respond-async`); `idempotencyKey` as for `send`. */
+  start(sessionId, content, { idempotencyKey } = {}) {
+    return this.request("POST", messages(sessionId), { content: blocks(content) }, {
       prefer: "respond-async",
+      ...keyed(idempotencyKey),
     });
   }
 
@@ -107,3 +112,7 @@ export class BrainClient {
     }
   }
 }
+
+const blocks = (content) => (typeof content === "string" ? [{ type: "text", text: content }] : content);
+const messages = (sessionId) => `/v1/sessions/${encodeURIComponent(sessionId)}/messages`;
+const keyed = (key) => (key === undefined ? {} : { "idempotency-key": key });
