@@ -564,14 +564,7 @@ fn a_fatal_callback_error_stops_the_turn_promptly_with_no_further_callback() {
     let session = create(&brain, request);
     let worker = worker_pid(&brain);
     let activation = session.send(text("what is pi?")).unwrap();
-    session
-        .wait_for_events(WAIT, |events| {
-            let finished = events
-                .iter()
-                .filter(|e| e.event_type == "model_call_finished");
-            finished.count() == 2
-        })
-        .expect("the second model call finished");
+    wait_for_finished_model_calls(&session, 2);
     let failed_at = Instant::now();
     let outcome = wait(&activation);
     let took = failed_at.elapsed();
@@ -587,12 +580,7 @@ fn a_fatal_callback_error_stops_the_turn_promptly_with_no_further_callback() {
     // No callback after the fatal one, not even one Brain refused (counted, never recorded).
     assert_eq!(records(&session, "model_call_started").len(), 2);
     assert_eq!(records(&session, "tool_call_started").len(), 1);
-    let metrics = brain.metrics_text();
-    let refused: Vec<_> = metrics
-        .lines()
-        .filter(|line| line.starts_with("brain_callbacks_total{method=\"refused\""))
-        .collect();
-    assert!(refused.is_empty(), "{refused:?}");
+    assert_no_refused_callbacks(&brain);
     assert_interrupted(&session, activation.sequence());
     assert_no_violations(&brain);
 }

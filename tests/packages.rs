@@ -234,6 +234,10 @@ for (const selection of [pi({{ configuration: {{ compaction: false }} }}), codex
         assert!(seen.iter().any(|t| t == "session_created"), "{line}");
         assert!(seen.iter().any(|t| t == "activation_finished"), "{line}");
         // Retried with their idempotency keys, the create and the send got the first answers.
-        assert_eq!(line["retry"], json!({"session": true, "answer": true}), "{line}");
+        assert_eq!(
+            line["retry"],
+            json!({"session": true, "answer": true}),
+            "{line}"
+        );
     }
 }

@@ -295,3 +295,30 @@ pub fn fatal_second_call() -> Effects {
         std::sync::Arc::new(FatalSecondCall(brain::effects::ScriptedProvider::new())),
     )
 }
+
+/// Waits until the session has `count` finished model calls.
+pub fn wait_for_finished_model_calls(session: &Session, count: usize) {
+    session
+        .wait_for_events(WAIT, |events| {
+            let finished = events
+                .iter()
+                .filter(|e| e.event_type == "model_call_finished");
+            finished.count() == count
+        })
+        .unwrap_or_else(|_| {
+            panic!(
+                "session {} has no {count} finished model calls",
+                session.id()
+            )
+        });
+}
+
+/// Brain refused no callback (a refused callback writes no record, but Brain counts it).
+pub fn assert_no_refused_callbacks(brain: &Brain) {
+    let metrics = brain.metrics_text();
+    let refused: Vec<_> = metrics
+        .lines()
+        .filter(|line| line.starts_with("brain_callbacks_total{method=\"refused\""))
+        .collect();
+    assert!(refused.is_empty(), "{refused:?}");
+}

@@ -260,15 +260,7 @@ fn a_fatal_callback_error_stops_the_turn_promptly_with_no_further_callback() {
     let session = create(&brain, request);
     let worker = worker_pid(&brain);
     let activation = session.send(text("what is pi?")).unwrap();
-    session
-        .wait_for_events(WAIT, |events| {
-            events
-                .iter()
-                .filter(|e| e.event_type == "model_call_finished")
-                .count()
-                == 2
-        })
-        .expect("the second model call finished");
+    wait_for_finished_model_calls(&session, 2);
     let failed_at = Instant::now();
     let outcome = wait(&activation);
     let took = failed_at.elapsed();
@@ -303,12 +295,7 @@ fn a_fatal_callback_error_stops_the_turn_promptly_with_no_further_callback() {
     );
     // Nor one Brain refused (a refused callback writes no record, but Brain counts it): after
     // `journal_failed` the activation admits no callback, not even transcript.set.
-    let metrics = brain.metrics_text();
-    let refused: Vec<_> = metrics
-        .lines()
-        .filter(|line| line.starts_with("brain_callbacks_total{method=\"refused\""))
-        .collect();
-    assert!(refused.is_empty(), "{refused:?}");
+    assert_no_refused_callbacks(&brain);
     // OpenCode's turn was aborted, not left running: its server still serves the session, and
     // stops at close.
     let state_dir = session.info().unwrap().state_dir;
