@@ -14,6 +14,7 @@
 mod arms;
 mod baselines;
 mod harness;
+mod instructions;
 mod probes;
 mod stats;
 
@@ -28,6 +29,9 @@ use std::time::{Duration, Instant};
 const USAGE: &str = "\
 usage: brain-bench [--quick] [--json FILE] [--data-dir DIR] [--rounds N] [--sessions N]
                    [--only ID,ID,...]
+       brain-bench --instructions [--quick] [--json FILE] [--data-dir DIR]
+  --instructions   instructions per operation under valgrind's callgrind, for the Brain process
+                   alone, against the JSON-RPC baseline's parent process (needs valgrind)
   --quick          every arm with tiny counts (a smoke test of a few seconds; no timing claims)
   --json FILE      also write every figure as JSON to FILE
   --data-dir DIR   where data directories and the fdatasync file go (default target/bench-data);
@@ -311,6 +315,7 @@ fn arms() -> Vec<Arm> {
 
 struct Options {
     plan: Plan,
+    instructions: bool,
     json: Option<PathBuf>,
     data_dir: PathBuf,
     only: Option<Vec<String>>,
@@ -320,6 +325,7 @@ fn parse_options(args: &[String]) -> Result<Options, String> {
     let quick = args.iter().any(|a| a == "--quick");
     let mut options = Options {
         plan: if quick { Plan::quick() } else { Plan::full() },
+        instructions: false,
         json: None,
         data_dir: PathBuf::from("target/bench-data"),
         only: None,
@@ -333,6 +339,7 @@ fn parse_options(args: &[String]) -> Result<Options, String> {
         };
         match arg.as_str() {
             "--quick" => {}
+            "--instructions" => options.instructions = true,
             "--json" => options.json = Some(PathBuf::from(value("--json")?)),
             "--data-dir" => options.data_dir = PathBuf::from(value("--data-dir")?),
             "--rounds" => {
@@ -375,6 +382,9 @@ fn main() -> ExitCode {
         Some("__memory") => Some(probes::memory_main as fn(&[String]) -> Result<(), String>),
         Some("__startup") => Some(probes::startup_main as fn(&[String]) -> Result<(), String>),
         Some("__threads") => Some(probes::threads_main as fn(&[String]) -> Result<(), String>),
+        Some("__instructions") => {
+            Some(instructions::child_main as fn(&[String]) -> Result<(), String>)
+        }
         _ => None,
     };
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"))
@@ -399,7 +409,12 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match run(&options) {
+    let outcome = if options.instructions {
+        instructions::run(&options.data_dir, options.plan.quick, options.json.as_ref())
+    } else {
+        run(&options)
+    };
+    match outcome {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(error) => {
