@@ -583,7 +583,8 @@ pub struct RunInputRef<'a> {
     pub tools: &'a [ToolDeclaration],
     #[serde(skip_serializing_if = "Option::is_none")]
     pub system: Option<&'a str>,
-    pub configuration: &'a Map<String, Value>,
+    /// The configuration's JSON text (an object), copied verbatim.
+    pub configuration: &'a RawValue,
     pub runtime: &'a Runtime,
 }
 
@@ -1591,6 +1592,7 @@ mod tests {
             kv: &'a Map<String, Value>,
             input: Option<&'a UserInput>,
             system: Option<&'a str>,
+            configuration: &'a RawValue,
         ) -> RunParamsRef<'a> {
             RunParamsRef {
                 session_id: &owned.session_id,
@@ -1604,16 +1606,18 @@ mod tests {
                     events: &owned.input.events,
                     tools: &owned.input.tools,
                     system,
-                    configuration: &owned.input.configuration,
+                    configuration,
                     runtime: &owned.input.runtime,
                 },
             }
         }
+        let configuration = serde_json::value::to_raw_value(&owned.input.configuration).unwrap();
         let both = borrowed(
             &owned,
             &full,
             owned.input.input.as_ref(),
             owned.input.system.as_deref(),
+            &configuration,
         );
         assert_eq!(
             serde_json::to_string(&both).unwrap(),
@@ -1624,7 +1628,7 @@ mod tests {
         bare.input.input = None;
         bare.input.system = None;
         assert_eq!(
-            serde_json::to_string(&borrowed(&bare, &full, None, None)).unwrap(),
+            serde_json::to_string(&borrowed(&bare, &full, None, None, &configuration)).unwrap(),
             serde_json::to_string(&bare).unwrap()
         );
     }

@@ -382,6 +382,7 @@ fn main() -> ExitCode {
         Some("__memory") => Some(probes::memory_main as fn(&[String]) -> Result<(), String>),
         Some("__startup") => Some(probes::startup_main as fn(&[String]) -> Result<(), String>),
         Some("__threads") => Some(probes::threads_main as fn(&[String]) -> Result<(), String>),
+        Some("__cycles") => Some(probes::cycles_main as fn(&[String]) -> Result<(), String>),
         Some("__instructions") => {
             Some(instructions::child_main as fn(&[String]) -> Result<(), String>)
         }
@@ -674,6 +675,29 @@ fn run(options: &Options) -> Result<bool, String> {
             }),
         );
     }
+    if wanted(options, "memory-real") {
+        match probes::realistic_memory(&root, plan.sessions) {
+            Ok((memory, more)) => {
+                probes.insert("memory_realistic".into(), memory);
+                targets.extend(more);
+            }
+            Err(error) => failures.push(("memory-real".into(), error)),
+        }
+    }
+    if wanted(options, "cycles") {
+        let (count, warmup) = if plan.quick {
+            (100, 20)
+        } else {
+            (10_000, 1_000)
+        };
+        match probes::cycles(&root, count, warmup) {
+            Ok((cycles, more)) => {
+                probes.insert("cycles".into(), cycles);
+                targets.extend(more);
+            }
+            Err(error) => failures.push(("cycles".into(), error)),
+        }
+    }
     if wanted(options, "threads") {
         let root_text = root.to_string_lossy().into_owned();
         let (sessions, wait_ms) = if plan.quick {
@@ -821,6 +845,37 @@ fn print_probes(probes: &serde_json::Map<String, Value>) {
                 "memory (heap in use, glibc mallinfo2): {open:.0} B per open idle session, {passivated:.0} B per passivated session; the rest of the private figure is freed memory the allocator keeps"
             );
         }
+    }
+    if let Some(memory) = probes.get("memory_realistic") {
+        println!(
+            "memory-real ({} sessions created with a {} B realistic request): {:.0} B per open idle session, {:.0} B per passivated session; heap in use {:.0} B and {:.0} B",
+            memory["sessions"],
+            memory["request_bytes"],
+            memory["open_idle_bytes_per_session"]
+                .as_f64()
+                .unwrap_or(0.0),
+            memory["passivated_bytes_per_session"]
+                .as_f64()
+                .unwrap_or(0.0),
+            memory["heap_open_bytes_per_session"]
+                .as_f64()
+                .unwrap_or(0.0),
+            memory["heap_passivated_bytes_per_session"]
+                .as_f64()
+                .unwrap_or(0.0),
+        );
+    }
+    if let Some(cycles) = probes.get("cycles") {
+        println!(
+            "cycles ({} create → activate → close → delete after {} of warm-up, {:.1} s): private memory grew {} B ({} B in the second half), heap in use {} B ({} B)",
+            cycles["cycles"],
+            cycles["warmup"],
+            cycles["seconds"].as_f64().unwrap_or(0.0),
+            cycles["private_growth"],
+            cycles["private_growth_second_half"],
+            cycles["heap_growth"],
+            cycles["heap_growth_second_half"],
+        );
     }
     if let Some(startup) = probes.get("startup") {
         println!(
