@@ -176,6 +176,9 @@ struct Arm {
     title: &'static str,
     unit: &'static str,
     ratio: Ratio,
+    /// Further ratios printed for context, with no target (the targets of issue 7 that the
+    /// host's disk speed moves).
+    context: Vec<Ratio>,
     run: Runner,
 }
 
@@ -203,6 +206,7 @@ fn arms() -> Vec<Arm> {
             title: "baseline: line ping-pong over pipes, 1 in flight",
             unit: "round trips",
             ratio: Ratio::None,
+            context: Vec::new(),
             run: Box::new(|_, plan, _| baselines::pipe(&plan.baseline)),
         },
         Arm {
@@ -210,6 +214,7 @@ fn arms() -> Vec<Arm> {
             title: "baseline: JSON-RPC ≈1 KiB, reader+writer threads, 1 in flight",
             unit: "calls",
             ratio: Ratio::P50Over("pipe", None),
+            context: Vec::new(),
             run: Box::new(|_, plan, _| baselines::jsonrpc(1, &plan.baseline)),
         },
         Arm {
@@ -217,6 +222,7 @@ fn arms() -> Vec<Arm> {
             title: "callback kv.get, ephemeral, 1 in flight",
             unit: "calls",
             ratio: Ratio::P50Over("jsonrpc-1", Some(1.3)),
+            context: Vec::new(),
             run: callbacks("kv", Storage::Ephemeral, 1),
         },
         Arm {
@@ -224,6 +230,7 @@ fn arms() -> Vec<Arm> {
             title: "baseline: JSON-RPC ≈1 KiB, reader+writer threads, 64 in flight",
             unit: "calls",
             ratio: Ratio::RateOver("jsonrpc-1", None),
+            context: Vec::new(),
             run: Box::new(|_, plan, _| baselines::jsonrpc(64, &plan.baseline)),
         },
         Arm {
@@ -231,6 +238,7 @@ fn arms() -> Vec<Arm> {
             title: "callback kv.get, ephemeral, 64 sessions",
             unit: "calls",
             ratio: Ratio::RateOver("jsonrpc-64", Some(0.7)),
+            context: Vec::new(),
             run: callbacks("kv", Storage::Ephemeral, 64),
         },
         Arm {
@@ -238,6 +246,7 @@ fn arms() -> Vec<Arm> {
             title: "baseline: 256 B append + fdatasync each",
             unit: "records",
             ratio: Ratio::None,
+            context: Vec::new(),
             run: Box::new(|setup, plan, _| baselines::fdatasync(&setup.root, 1, &plan.baseline)),
         },
         Arm {
@@ -245,6 +254,7 @@ fn arms() -> Vec<Arm> {
             title: "callback model (scripted), durable, 1 in flight",
             unit: "calls",
             ratio: Ratio::P50OverDurable(2, Some(1.0)),
+            context: Vec::new(),
             run: callbacks("model", Storage::DataDir, 1),
         },
         Arm {
@@ -252,13 +262,15 @@ fn arms() -> Vec<Arm> {
             title: "baseline: 64 × 256 B appends per fdatasync",
             unit: "records",
             ratio: Ratio::RateOver("fdatasync-1", None),
+            context: Vec::new(),
             run: Box::new(|setup, plan, _| baselines::fdatasync(&setup.root, 64, &plan.baseline)),
         },
         Arm {
             id: "cb-durable-64",
             title: "callback model (scripted), durable, 64 sessions",
             unit: "calls",
-            ratio: Ratio::RateOver("fdatasync-1", Some(7.0)),
+            ratio: Ratio::RateOver("jsonrpc-64", Some(0.5)),
+            context: vec![Ratio::RateOver("fdatasync-1", None)],
             run: callbacks("model", Storage::DataDir, 64),
         },
         Arm {
@@ -266,6 +278,7 @@ fn arms() -> Vec<Arm> {
             title: "activation (run, no callback), durable, 1 session",
             unit: "activations",
             ratio: Ratio::P50OverDurable(3, None),
+            context: Vec::new(),
             run: Box::new(|setup, plan, id| arms::activations(setup, id, 1, &plan.activation)),
         },
         Arm {
@@ -273,20 +286,29 @@ fn arms() -> Vec<Arm> {
             title: "activation (run, no callback), durable, 64 sessions",
             unit: "activations",
             ratio: Ratio::RateOver("fdatasync-1", None),
+            context: Vec::new(),
             run: Box::new(|setup, plan, id| arms::activations(setup, id, 64, &plan.activation)),
         },
         Arm {
             id: "turns-text",
             title: "text turns, reference harness, 64 sessions / 2 workers, durable",
             unit: "turns",
-            ratio: Ratio::RateOverFixed(5000.0, true),
+            ratio: Ratio::RateOver("jsonrpc-64", Some(0.08)),
+            context: vec![
+                Ratio::RateOver("fdatasync-1", None),
+                Ratio::RateOverFixed(5000.0, false),
+            ],
             run: turns(Harness::Reference, None),
         },
         Arm {
             id: "turns-tools",
             title: "tool-loop turns (2×4 tools, instant driver), reference harness, durable",
             unit: "turns",
-            ratio: Ratio::RateOverFixed(1000.0, true),
+            ratio: Ratio::RateOver("jsonrpc-64", Some(0.02)),
+            context: vec![
+                Ratio::RateOver("fdatasync-1", None),
+                Ratio::RateOverFixed(1000.0, false),
+            ],
             run: turns(Harness::Reference, Some("bench")),
         },
         Arm {
@@ -294,6 +316,7 @@ fn arms() -> Vec<Arm> {
             title: "tool-loop turns, built-in local driver (/bin/echo), reference harness",
             unit: "turns",
             ratio: Ratio::RateOver("turns-tools", None),
+            context: Vec::new(),
             run: turns(Harness::Reference, Some("local")),
         },
         Arm {
@@ -301,6 +324,7 @@ fn arms() -> Vec<Arm> {
             title: "text turns, bench harness (no native state file), durable",
             unit: "turns",
             ratio: Ratio::RateOverFixed(5000.0, false),
+            context: Vec::new(),
             run: turns(Harness::Bench, None),
         },
         Arm {
@@ -308,6 +332,7 @@ fn arms() -> Vec<Arm> {
             title: "tool-loop turns, bench harness (no native state file), durable",
             unit: "turns",
             ratio: Ratio::RateOverFixed(1000.0, false),
+            context: Vec::new(),
             run: turns(Harness::Bench, Some("bench")),
         },
     ]
@@ -547,6 +572,25 @@ fn run(options: &Options) -> Result<bool, String> {
             .collect();
         let ratio = (!ratios.is_empty()).then(|| median(&ratios));
         let met = ratio.and_then(|value| arm.ratio.met(value));
+        let context: Vec<Value> = arm
+            .context
+            .iter()
+            .filter_map(|extra| {
+                let per_round: Vec<f64> = (0..plan.rounds)
+                    .filter_map(|r| {
+                        let trial = trials[index].get(r)?.as_ref()?;
+                        extra.value(trial, &|id| by_id(id, r))
+                    })
+                    .collect();
+                (!per_round.is_empty()).then(|| {
+                    json!({
+                        "value": round(median(&per_round), 3),
+                        "per_round": per_round.iter().map(|v| round(*v, 3)).collect::<Vec<_>>(),
+                        "of": extra.describe(),
+                    })
+                })
+            })
+            .collect();
         if let (Some(value), Some(target)) = (ratio, arm.ratio.target()) {
             targets.push(json!({
                 "target": format!("{}: {} {target}", arm.id, arm.ratio.describe()),
@@ -567,6 +611,7 @@ fn run(options: &Options) -> Result<bool, String> {
                 "target": arm.ratio.target(),
                 "met": met,
             })),
+            "context": context,
         }));
     }
     print_table(&rows);
@@ -809,6 +854,16 @@ fn print_table(rows: &[Value]) {
             verdict
         );
     }
+    for row in rows {
+        for extra in row["context"].as_array().into_iter().flatten() {
+            println!(
+                "  {:<18} {:>7.3}  {} (context)",
+                row["id"].as_str().unwrap_or_default(),
+                extra["value"].as_f64().unwrap_or(0.0),
+                extra["of"].as_str().unwrap_or_default(),
+            );
+        }
+    }
     println!();
     for row in rows {
         println!(
@@ -915,7 +970,7 @@ fn print_probes(probes: &serde_json::Map<String, Value>) {
 }
 
 fn print_targets(targets: &[Value]) {
-    println!("targets (issue 7):");
+    println!("targets (issues 7 and 27):");
     for target in targets {
         let verdict = match target["met"].as_bool() {
             Some(true) => "met",
