@@ -86,9 +86,9 @@ fn workloads() -> Vec<Workload> {
 }
 
 /// Instructions per text turn the Brain process may execute (the bench's client thread included).
-pub const TEXT_TURN_BUDGET: f64 = 250_000.0;
+pub const TEXT_TURN_BUDGET: f64 = 245_000.0;
 /// Instructions per tool-loop turn the Brain process may execute.
-pub const TOOL_TURN_BUDGET: f64 = 2_100_000.0;
+pub const TOOL_TURN_BUDGET: f64 = 1_900_000.0;
 
 /// `__instructions WORKLOAD N DIR`: does exactly N operations of WORKLOAD with a data directory
 /// in DIR (run under callgrind by [`run`]).
