@@ -2084,6 +2084,8 @@ mod tests {
             r#"{"jsonrpc":"2.0","id":1,"method":"brain/call","params":{"session_id":"s","sequence":1,"method":"kv.get","input":null}}"#,
             r#"{"jsonrpc":"2.0","id":1,"method":"brain/call","params":{"session_id":"s","sequence":1,"method":"kv.get","input":{"key":"a","key":"b"}}}"#,
             r#"{"jsonrpc":"2.0","id":1,"method":"brain/call","params":{"session_id":"s","sequence":1,"method":"telemetry","input":[1,2.5,"x"]}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"brain/call","params":{"session_id":"s","extra":[1,{"a":2}],"sequence":1,"method":"kv.get","input":{"key":"k"}}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"brain/call","params":{"session_id":"s","sequence":1,"method":"kv.get","input":{"key":"k\u00e9\n"}}}"#,
         ];
         for line in taken {
             let (id, call) = BrainCall::decode_request(line.as_bytes())
@@ -2099,6 +2101,8 @@ mod tests {
             r#"{"jsonrpc":"2.0","method":"brain/call","params":{"session_id":"s","sequence":1,"method":"kv.get"}}"#,
             r#"{"jsonrpc":"1.0","id":1,"method":"brain/call","params":{"session_id":"s","sequence":1,"method":"kv.get"}}"#,
             r#"{"jsonrpc":"2.0","id":1,"method":"brain/call","params":{"session_id":"s","sequence":-1,"method":"kv.get"}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"brain/call","params":{"session_id":"s","sequence":1,"method":"kv.get","method":"kv.put","input":{"key":"k"}}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"brain/call","params":{"session_id":"s","sequence":1,"method":"kv.get","input":{"key":"k"},"input":{"key":"j"}}}"#,
             r#"{"jsonrpc":"2.0","id":1,"method":"run","params":{}}"#,
             r#"{"jsonrpc":"2.0","id":1,"result":{}}"#,
             "not json",

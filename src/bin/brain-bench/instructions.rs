@@ -163,11 +163,11 @@ fn turns(setup: &Setup, tools: Option<&'static str>, n: u64, dir: &Path) -> Resu
     };
     let (brain, request) = arms::turn_brain(setup, dir, arm, PER_SESSION)?;
     let result = (|| {
-        let mut session = None;
+        let mut session: Option<brain::Session> = None;
         for turn in 0..n as usize {
             if turn % PER_SESSION == 0 {
                 if let Some(old) = session.take() {
-                    brain::Session::close(&old).map_err(|e| format!("close: {e}"))?;
+                    old.close().map_err(|e| format!("close: {e}"))?;
                 }
                 session = Some(arms::create(&brain, &request)?);
             }
