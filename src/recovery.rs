@@ -225,12 +225,13 @@ fn scan(journal: &dyn Journal, id: &SessionId) -> Result<Scan, JournalError> {
 /// Rebuilds the dispatcher's state of a session from its `session_created` record.
 pub(crate) fn state_from(
     id: &SessionId,
-    created: &Value,
+    created: &str,
     status: Stored,
     marker: Option<u64>,
     registrations: &[Registration],
     data_dir: &Path,
 ) -> Result<SessionState, String> {
+    let created: Value = serde_json::from_str(created).map_err(|e| e.to_string())?;
     let field = |name: &str| created.get(name).cloned().unwrap_or(Value::Null);
     let name = created
         .get("registration")
@@ -258,11 +259,12 @@ pub(crate) fn state_from(
     }
     let request: CreateSession =
         serde_json::from_value(Value::Object(request)).map_err(|e| e.to_string())?;
+    let request = crate::sessions::held_request(request);
     let model: ModelMetadata = serde_json::from_value(field("model")).map_err(|e| e.to_string())?;
-    let configuration = match field("configuration") {
+    let configuration = crate::sessions::held_configuration(&match field("configuration") {
         Value::Object(map) => map,
         _ => Map::new(),
-    };
+    });
     let registration = registrations
         .iter()
         .position(|r| r.name == name && slot < r.workers)

@@ -30,6 +30,7 @@ use crate::session::{
 };
 use crate::status::{FailureReason, WorkerFailure, WorkerState};
 use crate::worker::WorkerKey;
+use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -91,11 +92,27 @@ pub(crate) struct SessionSpec {
     pub(crate) registration: String,
     pub(crate) request: CreateSession,
     pub(crate) model: ModelMetadata,
-    /// Deployment configuration merged with the session's.
-    pub(crate) configuration: Map<String, Value>,
+    /// Deployment configuration merged with the session's, as compact JSON text: it is only
+    /// ever encoded into `run`, and a `Value` tree costs a B-tree node (≈ 640 B) per JSON object.
+    pub(crate) configuration: Box<RawValue>,
     pub(crate) state_dir: PathBuf,
     /// `<data>/workspaces/<id>`: the parent of each environment's workspace, where its tools run.
     pub(crate) workspace_dir: PathBuf,
+}
+
+/// A session's request as the dispatcher holds it: without `agentloop.configuration`, which only
+/// admission reads (the merged [`SessionSpec::configuration`] is what `run` carries, and the
+/// `session_created` record keeps the original), so that an open session does not hold the
+/// configuration's tree twice.
+pub(crate) fn held_request(mut request: CreateSession) -> CreateSession {
+    request.agentloop.configuration = Map::new();
+    request
+}
+
+/// The merged configuration as [`SessionSpec::configuration`] holds it.
+pub(crate) fn held_configuration(configuration: &Map<String, Value>) -> Box<RawValue> {
+    // A map with string keys always encodes.
+    brain_protocol::json::to_raw_value(configuration).expect("a JSON map encodes")
 }
 
 /// Stored lifecycle status; `interrupted` is derived from the marker.
@@ -553,10 +570,10 @@ impl Dispatcher {
         let spec = SessionSpec {
             registration: name.clone(),
             model,
-            configuration,
+            configuration: held_configuration(&configuration),
             state_dir,
             workspace_dir,
-            request,
+            request: held_request(request),
         };
         log::info!(
             "session {id}: created on {}/{slot}",

@@ -587,7 +587,8 @@ pub struct RunInputRef<'a> {
     pub tools: &'a [ToolDeclaration],
     #[serde(skip_serializing_if = "Option::is_none")]
     pub system: Option<&'a str>,
-    pub configuration: &'a Map<String, Value>,
+    /// The configuration's JSON text (an object), copied verbatim.
+    pub configuration: &'a RawValue,
     pub runtime: &'a Runtime,
 }
 
@@ -1275,26 +1276,49 @@ impl BrainCall {
         // failed, and then parsed again by the general path. A line this function accepts holds
         // these bytes (an escaped method is refused below anyway), so the look costs nothing in
         // what it accepts.
-        memchr::memmem::find(line, br#""brain/call""#)?;
+        // A finder built once: building one per line cost ≈ 500 instructions per callback.
+        static BRAIN_CALL: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+            std::sync::LazyLock::new(|| memchr::memmem::Finder::new(br#""brain/call""#));
+        BRAIN_CALL.find(line)?;
+        // First with the input typed in the same pass; a line whose input does not type (or
+        // whose params are otherwise refused) is read again with the input kept as text, so that
+        // the refusal is answered as before.
+        let (id, params) = match Self::decode_wire::<true>(line) {
+            Some(decoded) => decoded,
+            None => Self::decode_wire::<false>(line)?,
+        };
+        let input = match params.input {
+            ParamsInput::Typed(typed) => Ok(typed),
+            ParamsInput::Raw(raw) => CallbackInput::decode_json(&params.method, raw),
+        };
+        Some((
+            id,
+            BrainCall {
+                session_id: params.session_id,
+                sequence: params.sequence,
+                input,
+            },
+        ))
+    }
+
+    /// The id and params of a `brain/call` line; the input typed in the same pass when `TYPED`
+    /// (see [`Params`]).
+    fn decode_wire<const TYPED: bool>(line: &[u8]) -> Option<(RequestId, CallParts<'_>)> {
         #[derive(Deserialize)]
-        struct Wire<'a> {
+        struct Wire<'a, const TYPED: bool> {
             jsonrpc: &'a str,
             #[serde(borrow)]
             id: &'a RawValue,
             method: &'a str,
             // Typed in the same pass: scanning the params as raw text first cost as much again.
             #[serde(borrow)]
-            params: Object<Params<'a>>,
+            params: Object<Params<'a, TYPED>>,
         }
-        #[derive(Deserialize)]
-        struct Params<'a> {
-            session_id: String,
-            sequence: u64,
-            method: String,
-            #[serde(borrow)]
-            input: &'a RawValue,
-        }
-        let Object(wire) = serde_json::from_slice::<Object<Wire>>(line).ok()?;
+        // A JSON text is UTF-8 throughout, so checking the line once refuses nothing the parse
+        // would take, and spares the check of each string on its own (`from_slice` checks every
+        // string it reads: ≈ 7 % of a tool-loop turn's instructions, in calls of ≈ 80 each).
+        let text = std::str::from_utf8(line).ok()?;
+        let Object(wire) = serde_json::from_str::<Object<Wire<TYPED>>>(text).ok()?;
         if wire.jsonrpc != "2.0" || wire.method != method::BRAIN_CALL {
             return None;
         }
@@ -1304,15 +1328,117 @@ impl BrainCall {
             _ => return None,
         };
         let Object(params) = wire.params;
-        let input = CallbackInput::decode_json(&params.method, params.input);
         Some((
             id,
-            BrainCall {
+            CallParts {
                 session_id: params.session_id,
                 sequence: params.sequence,
-                input,
+                method: params.method,
+                input: params.input,
             },
         ))
+    }
+}
+
+/// The params of a `brain/call` line as [`BrainCall::decode_request`] reads them. With `TYPED`
+/// the input is typed in the same pass when `method` (a known one) comes before it, as Brain's
+/// SDK writes them, and an input that does not type fails the read; otherwise, and without
+/// `TYPED`, it is kept as text and typed afterwards. Scanning the input as text first and typing
+/// it again cost as much as the typing (docs/BENCHMARKS.md). A field given twice fails the read,
+/// as the derived impl failed it.
+struct Params<'a, const TYPED: bool> {
+    session_id: String,
+    sequence: u64,
+    method: String,
+    input: ParamsInput<'a>,
+}
+
+/// [`Params`] once read, whichever way.
+struct CallParts<'a> {
+    session_id: String,
+    sequence: u64,
+    method: String,
+    input: ParamsInput<'a>,
+}
+
+enum ParamsInput<'a> {
+    Typed(CallbackInput),
+    Raw(&'a RawValue),
+}
+
+/// A key of the `brain/call` params, read without allocating (an escaped key arrives owned).
+#[derive(Deserialize)]
+#[serde(field_identifier, rename_all = "snake_case")]
+enum Field {
+    SessionId,
+    Sequence,
+    Method,
+    Input,
+    #[serde(other)]
+    Other,
+}
+
+/// Types an input of a known method from the deserializer, as [`CallbackInput::typed`] does.
+struct TypedInput(CallbackMethod);
+
+impl<'de> serde::de::DeserializeSeed<'de> for TypedInput {
+    type Value = CallbackInput;
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<CallbackInput, D::Error> {
+        CallbackInput::typed(self.0, deserializer)
+    }
+}
+
+impl<'de: 'a, 'a, const TYPED: bool> Deserialize<'de> for Params<'a, TYPED> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Params<'a, TYPED>, D::Error> {
+        struct Fields<'a, const TYPED: bool>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a, const TYPED: bool> serde::de::Visitor<'de> for Fields<'a, TYPED> {
+            type Value = Params<'a, TYPED>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("brain/call params")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Params<'a, TYPED>, A::Error> {
+                use serde::de::Error;
+                let mut session_id = None;
+                let mut sequence = None;
+                let mut method: Option<String> = None;
+                let mut input = None;
+                while let Some(key) = map.next_key::<Field>()? {
+                    match key {
+                        Field::SessionId if session_id.is_none() => {
+                            session_id = Some(map.next_value()?)
+                        }
+                        Field::Sequence if sequence.is_none() => sequence = Some(map.next_value()?),
+                        Field::Method if method.is_none() => method = Some(map.next_value()?),
+                        Field::Input if input.is_none() => {
+                            let known = method
+                                .as_deref()
+                                .filter(|_| TYPED)
+                                .and_then(|m| m.parse::<CallbackMethod>().ok());
+                            input = Some(match known {
+                                Some(known) => {
+                                    ParamsInput::Typed(map.next_value_seed(TypedInput(known))?)
+                                }
+                                None => ParamsInput::Raw(map.next_value()?),
+                            });
+                        }
+                        Field::Other => {
+                            map.next_value::<serde::de::IgnoredAny>()?;
+                        }
+                        _ => return Err(A::Error::custom("duplicate field")),
+                    }
+                }
+                Ok(Params {
+                    session_id: session_id.ok_or_else(|| A::Error::missing_field("session_id"))?,
+                    sequence: sequence.ok_or_else(|| A::Error::missing_field("sequence"))?,
+                    method: method.ok_or_else(|| A::Error::missing_field("method"))?,
+                    input: input.ok_or_else(|| A::Error::missing_field("input"))?,
+                })
+            }
+        }
+        deserializer.deserialize_map(Fields(std::marker::PhantomData))
     }
 }
 
@@ -1595,6 +1721,7 @@ mod tests {
             kv: &'a Map<String, Value>,
             input: Option<&'a UserInput>,
             system: Option<&'a str>,
+            configuration: &'a RawValue,
         ) -> RunParamsRef<'a> {
             RunParamsRef {
                 session_id: &owned.session_id,
@@ -1608,16 +1735,18 @@ mod tests {
                     events: &owned.input.events,
                     tools: &owned.input.tools,
                     system,
-                    configuration: &owned.input.configuration,
+                    configuration,
                     runtime: &owned.input.runtime,
                 },
             }
         }
+        let configuration = serde_json::value::to_raw_value(&owned.input.configuration).unwrap();
         let both = borrowed(
             &owned,
             &full,
             owned.input.input.as_ref(),
             owned.input.system.as_deref(),
+            &configuration,
         );
         assert_eq!(
             serde_json::to_string(&both).unwrap(),
@@ -1628,7 +1757,7 @@ mod tests {
         bare.input.input = None;
         bare.input.system = None;
         assert_eq!(
-            serde_json::to_string(&borrowed(&bare, &full, None, None)).unwrap(),
+            serde_json::to_string(&borrowed(&bare, &full, None, None, &configuration)).unwrap(),
             serde_json::to_string(&bare).unwrap()
         );
     }
@@ -1962,6 +2091,8 @@ mod tests {
             r#"{"jsonrpc":"2.0","id":1,"method":"brain/call","params":{"session_id":"s","sequence":1,"method":"kv.get","input":null}}"#,
             r#"{"jsonrpc":"2.0","id":1,"method":"brain/call","params":{"session_id":"s","sequence":1,"method":"kv.get","input":{"key":"a","key":"b"}}}"#,
             r#"{"jsonrpc":"2.0","id":1,"method":"brain/call","params":{"session_id":"s","sequence":1,"method":"telemetry","input":[1,2.5,"x"]}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"brain/call","params":{"session_id":"s","extra":[1,{"a":2}],"sequence":1,"method":"kv.get","input":{"key":"k"}}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"brain/call","params":{"session_id":"s","sequence":1,"method":"kv.get","input":{"key":"k\u00e9\n"}}}"#,
         ];
         for line in taken {
             let (id, call) = BrainCall::decode_request(line.as_bytes())
@@ -1977,6 +2108,8 @@ mod tests {
             r#"{"jsonrpc":"2.0","method":"brain/call","params":{"session_id":"s","sequence":1,"method":"kv.get"}}"#,
             r#"{"jsonrpc":"1.0","id":1,"method":"brain/call","params":{"session_id":"s","sequence":1,"method":"kv.get"}}"#,
             r#"{"jsonrpc":"2.0","id":1,"method":"brain/call","params":{"session_id":"s","sequence":-1,"method":"kv.get"}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"brain/call","params":{"session_id":"s","sequence":1,"method":"kv.get","method":"kv.put","input":{"key":"k"}}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"brain/call","params":{"session_id":"s","sequence":1,"method":"kv.get","input":{"key":"k"},"input":{"key":"j"}}}"#,
             r#"{"jsonrpc":"2.0","id":1,"method":"run","params":{}}"#,
             r#"{"jsonrpc":"2.0","id":1,"result":{}}"#,
             "not json",

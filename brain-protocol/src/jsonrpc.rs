@@ -217,7 +217,10 @@ pub fn decode_result(line: &[u8]) -> Option<(RequestId, Box<RawValue>)> {
     // A request (a `run` with its transcript, say) would be scanned whole before the typed parse
     // failed, and then parsed again by `decode`. Without these bytes the line is left to
     // `decode`, which reads an escaped member name as this function would.
-    memchr::memmem::find(line, br#""result""#)?;
+    // A finder built once, not per line.
+    static RESULT: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+        std::sync::LazyLock::new(|| memchr::memmem::Finder::new(br#""result""#));
+    RESULT.find(line)?;
     #[derive(Deserialize)]
     struct Wire<'a> {
         jsonrpc: &'a str,

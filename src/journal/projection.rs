@@ -48,7 +48,7 @@ pub fn apply(view: &mut SessionView, sequence: u64, record: &NewRecord) -> Resul
     match record.kind {
         RecordKind::SessionCreated => {
             view.status = SessionStatus::Open;
-            view.created = data.clone();
+            view.created = data.to_string();
         }
         RecordKind::ActivationQueued => {
             if view.status == SessionStatus::Passivated {
@@ -194,7 +194,8 @@ mod tests {
     fn session_created_opens_and_keeps_its_data() {
         let view = project(&[created()]);
         assert_eq!(view.status, SessionStatus::Open);
-        assert_eq!(view.created, json!({"agentloop": "pi"}));
+        let created: Value = serde_json::from_str(&view.created).unwrap();
+        assert_eq!(created, json!({"agentloop": "pi"}));
         assert_eq!(view.last_sequence, 1);
         assert_eq!(view.marker, None);
         assert_eq!(view.events_cursor, 0);

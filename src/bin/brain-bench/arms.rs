@@ -133,7 +133,7 @@ fn records_per_flush(brain: &Brain) -> Option<f64> {
 }
 
 /// Stops Brain. Its data directory stays until the run ends (see [`trial_dir`]).
-fn finish(brain: Brain) {
+pub fn finish(brain: Brain) {
     brain.shutdown(Duration::from_secs(5));
 }
 
@@ -359,32 +359,21 @@ pub struct TurnArm {
     pub tools: Option<&'static str>,
 }
 
-/// Turns from `sessions` client threads on two workers, durable; each client replaces its
-/// session every `per_session` turns so that transcripts stay short. The latency is `send` to
-/// outcome.
-pub fn turns(
+/// A Brain for turns of `arm` on two workers, durable, in `dir`, and the request that creates
+/// one of its sessions; each session's scripted tool-loop model covers `per_session` turns.
+pub fn turn_brain(
     setup: &Setup,
-    name: &str,
+    dir: &Path,
     arm: TurnArm,
-    sessions: usize,
     per_session: usize,
-    window: &Window,
-) -> Result<Trial, String> {
-    let dir = trial_dir(&setup.root, name)?;
+) -> Result<(Brain, Value), String> {
     let effects = Effects::default()
         .with_driver("bench", Arc::new(InstantDriver))
         .with_provider(
             "bench-tools",
             Arc::new(ScriptedProvider::with_script(tool_script(per_session))),
         );
-    let brain = Arc::new(start_brain(
-        setup,
-        arm.harness,
-        2,
-        Storage::DataDir,
-        &dir,
-        effects,
-    )?);
+    let brain = start_brain(setup, arm.harness, 2, Storage::DataDir, dir, effects)?;
     let configuration = match arm.harness {
         Harness::Bench => json!({"bench": "turn"}),
         Harness::Reference => json!({}),
@@ -407,6 +396,23 @@ pub fn turns(
             "name": "box", "driver": driver, "configuration": driver_configuration,
         }]);
     }
+    Ok((brain, request))
+}
+
+/// Turns from `sessions` client threads on two workers, durable; each client replaces its
+/// session every `per_session` turns so that transcripts stay short. The latency is `send` to
+/// outcome.
+pub fn turns(
+    setup: &Setup,
+    name: &str,
+    arm: TurnArm,
+    sessions: usize,
+    per_session: usize,
+    window: &Window,
+) -> Result<Trial, String> {
+    let dir = trial_dir(&setup.root, name)?;
+    let (brain, request) = turn_brain(setup, &dir, arm, per_session)?;
+    let brain = Arc::new(brain);
     let (start, end) = window.instants();
     let clients = (0..sessions)
         .map(|_| (brain.clone(), request.clone()))

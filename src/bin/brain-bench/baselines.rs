@@ -108,6 +108,16 @@ type Pending = Arc<Mutex<HashMap<u64, crossbeam_channel::Sender<Value>>>>;
 /// result) and writes it.
 /// `inflight` caller threads each keep one request in flight.
 pub fn jsonrpc(inflight: usize, window: &Window) -> Result<Trial, String> {
+    jsonrpc_calls(inflight, window, None)
+}
+
+/// [`jsonrpc`], each caller stopping after `calls` calls when given (whatever the window), so
+/// that the instruction counts have a fixed workload.
+pub fn jsonrpc_calls(
+    inflight: usize,
+    window: &Window,
+    calls: Option<u64>,
+) -> Result<Trial, String> {
     let (mut child, stdin, stdout) = spawn_child("__jsonrpc")?;
     let pending: Pending = Arc::default();
     let (lines_tx, lines_rx) = crossbeam_channel::unbounded::<Vec<u8>>();
@@ -158,11 +168,17 @@ pub fn jsonrpc(inflight: usize, window: &Window) -> Result<Trial, String> {
             );
             std::thread::spawn(move || -> Result<Histogram, String> {
                 let mut histogram = Histogram::default();
+                let mut made = 0u64;
                 loop {
                     let began = Instant::now();
-                    if began >= end {
+                    let done = match calls {
+                        Some(calls) => made >= calls,
+                        None => began >= end,
+                    };
+                    if done {
                         return Ok(histogram);
                     }
+                    made += 1;
                     let id = next_id.fetch_add(1, Ordering::Relaxed);
                     let (answer_tx, answer_rx) = crossbeam_channel::bounded(1);
                     pending.lock().insert(id, answer_tx);

@@ -13,7 +13,9 @@
 //!
 //! The loops run until `plan.end_ns` (Unix nanoseconds, the clock shared with the bench) and count
 //! the callbacks that started at or after `plan.start_ns`: the answer is
-//! `{"calls", "hist"}` (a sparse latency histogram, see `stats.rs`).
+//! `{"calls", "hist"}` (a sparse latency histogram, see `stats.rs`). With `plan.calls` instead
+//! they make exactly that many calls, whatever the time (the instruction counts need a fixed
+//! workload).
 
 use crate::baselines::PAD_BYTES;
 use crate::stats::{Histogram, unix_nanos};
@@ -101,12 +103,15 @@ fn call_loop<T>(
 ) -> Result<Option<Value>, HandlerError> {
     let start = plan.get("start_ns").and_then(Value::as_u64).unwrap_or(0);
     let end = plan.get("end_ns").and_then(Value::as_u64).unwrap_or(0);
+    let fixed = plan.get("calls").and_then(Value::as_u64);
     let mut histogram = Histogram::default();
     let mut first = None;
     loop {
         let now = unix_nanos();
-        if now >= end {
-            break;
+        match fixed {
+            Some(calls) if histogram.count() >= calls => break,
+            None if now >= end => break,
+            _ => {}
         }
         let began = Instant::now();
         call()?;

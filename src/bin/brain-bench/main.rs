@@ -14,6 +14,7 @@
 mod arms;
 mod baselines;
 mod harness;
+mod instructions;
 mod probes;
 mod stats;
 
@@ -28,6 +29,9 @@ use std::time::{Duration, Instant};
 const USAGE: &str = "\
 usage: brain-bench [--quick] [--json FILE] [--data-dir DIR] [--rounds N] [--sessions N]
                    [--only ID,ID,...]
+       brain-bench --instructions [--quick] [--json FILE] [--data-dir DIR]
+  --instructions   instructions per operation under valgrind's callgrind, for the Brain process
+                   alone, against the JSON-RPC baseline's parent process (needs valgrind)
   --quick          every arm with tiny counts (a smoke test of a few seconds; no timing claims)
   --json FILE      also write every figure as JSON to FILE
   --data-dir DIR   where data directories and the fdatasync file go (default target/bench-data);
@@ -172,6 +176,9 @@ struct Arm {
     title: &'static str,
     unit: &'static str,
     ratio: Ratio,
+    /// Further ratios printed for context, with no target (the targets of issue 7 that the
+    /// host's disk speed moves).
+    context: Vec<Ratio>,
     run: Runner,
 }
 
@@ -199,6 +206,7 @@ fn arms() -> Vec<Arm> {
             title: "baseline: line ping-pong over pipes, 1 in flight",
             unit: "round trips",
             ratio: Ratio::None,
+            context: Vec::new(),
             run: Box::new(|_, plan, _| baselines::pipe(&plan.baseline)),
         },
         Arm {
@@ -206,6 +214,7 @@ fn arms() -> Vec<Arm> {
             title: "baseline: JSON-RPC ≈1 KiB, reader+writer threads, 1 in flight",
             unit: "calls",
             ratio: Ratio::P50Over("pipe", None),
+            context: Vec::new(),
             run: Box::new(|_, plan, _| baselines::jsonrpc(1, &plan.baseline)),
         },
         Arm {
@@ -213,6 +222,7 @@ fn arms() -> Vec<Arm> {
             title: "callback kv.get, ephemeral, 1 in flight",
             unit: "calls",
             ratio: Ratio::P50Over("jsonrpc-1", Some(1.3)),
+            context: Vec::new(),
             run: callbacks("kv", Storage::Ephemeral, 1),
         },
         Arm {
@@ -220,6 +230,7 @@ fn arms() -> Vec<Arm> {
             title: "baseline: JSON-RPC ≈1 KiB, reader+writer threads, 64 in flight",
             unit: "calls",
             ratio: Ratio::RateOver("jsonrpc-1", None),
+            context: Vec::new(),
             run: Box::new(|_, plan, _| baselines::jsonrpc(64, &plan.baseline)),
         },
         Arm {
@@ -227,6 +238,7 @@ fn arms() -> Vec<Arm> {
             title: "callback kv.get, ephemeral, 64 sessions",
             unit: "calls",
             ratio: Ratio::RateOver("jsonrpc-64", Some(0.7)),
+            context: Vec::new(),
             run: callbacks("kv", Storage::Ephemeral, 64),
         },
         Arm {
@@ -234,6 +246,7 @@ fn arms() -> Vec<Arm> {
             title: "baseline: 256 B append + fdatasync each",
             unit: "records",
             ratio: Ratio::None,
+            context: Vec::new(),
             run: Box::new(|setup, plan, _| baselines::fdatasync(&setup.root, 1, &plan.baseline)),
         },
         Arm {
@@ -241,6 +254,7 @@ fn arms() -> Vec<Arm> {
             title: "callback model (scripted), durable, 1 in flight",
             unit: "calls",
             ratio: Ratio::P50OverDurable(2, Some(1.0)),
+            context: Vec::new(),
             run: callbacks("model", Storage::DataDir, 1),
         },
         Arm {
@@ -248,13 +262,15 @@ fn arms() -> Vec<Arm> {
             title: "baseline: 64 × 256 B appends per fdatasync",
             unit: "records",
             ratio: Ratio::RateOver("fdatasync-1", None),
+            context: Vec::new(),
             run: Box::new(|setup, plan, _| baselines::fdatasync(&setup.root, 64, &plan.baseline)),
         },
         Arm {
             id: "cb-durable-64",
             title: "callback model (scripted), durable, 64 sessions",
             unit: "calls",
-            ratio: Ratio::RateOver("fdatasync-1", Some(7.0)),
+            ratio: Ratio::RateOver("jsonrpc-64", Some(0.5)),
+            context: vec![Ratio::RateOver("fdatasync-1", None)],
             run: callbacks("model", Storage::DataDir, 64),
         },
         Arm {
@@ -262,6 +278,7 @@ fn arms() -> Vec<Arm> {
             title: "activation (run, no callback), durable, 1 session",
             unit: "activations",
             ratio: Ratio::P50OverDurable(3, None),
+            context: Vec::new(),
             run: Box::new(|setup, plan, id| arms::activations(setup, id, 1, &plan.activation)),
         },
         Arm {
@@ -269,20 +286,29 @@ fn arms() -> Vec<Arm> {
             title: "activation (run, no callback), durable, 64 sessions",
             unit: "activations",
             ratio: Ratio::RateOver("fdatasync-1", None),
+            context: Vec::new(),
             run: Box::new(|setup, plan, id| arms::activations(setup, id, 64, &plan.activation)),
         },
         Arm {
             id: "turns-text",
             title: "text turns, reference harness, 64 sessions / 2 workers, durable",
             unit: "turns",
-            ratio: Ratio::RateOverFixed(5000.0, true),
+            ratio: Ratio::RateOver("jsonrpc-64", Some(0.08)),
+            context: vec![
+                Ratio::RateOver("fdatasync-1", None),
+                Ratio::RateOverFixed(5000.0, false),
+            ],
             run: turns(Harness::Reference, None),
         },
         Arm {
             id: "turns-tools",
             title: "tool-loop turns (2×4 tools, instant driver), reference harness, durable",
             unit: "turns",
-            ratio: Ratio::RateOverFixed(1000.0, true),
+            ratio: Ratio::RateOver("jsonrpc-64", Some(0.02)),
+            context: vec![
+                Ratio::RateOver("fdatasync-1", None),
+                Ratio::RateOverFixed(1000.0, false),
+            ],
             run: turns(Harness::Reference, Some("bench")),
         },
         Arm {
@@ -290,6 +316,7 @@ fn arms() -> Vec<Arm> {
             title: "tool-loop turns, built-in local driver (/bin/echo), reference harness",
             unit: "turns",
             ratio: Ratio::RateOver("turns-tools", None),
+            context: Vec::new(),
             run: turns(Harness::Reference, Some("local")),
         },
         Arm {
@@ -297,6 +324,7 @@ fn arms() -> Vec<Arm> {
             title: "text turns, bench harness (no native state file), durable",
             unit: "turns",
             ratio: Ratio::RateOverFixed(5000.0, false),
+            context: Vec::new(),
             run: turns(Harness::Bench, None),
         },
         Arm {
@@ -304,6 +332,7 @@ fn arms() -> Vec<Arm> {
             title: "tool-loop turns, bench harness (no native state file), durable",
             unit: "turns",
             ratio: Ratio::RateOverFixed(1000.0, false),
+            context: Vec::new(),
             run: turns(Harness::Bench, Some("bench")),
         },
     ]
@@ -311,6 +340,7 @@ fn arms() -> Vec<Arm> {
 
 struct Options {
     plan: Plan,
+    instructions: bool,
     json: Option<PathBuf>,
     data_dir: PathBuf,
     only: Option<Vec<String>>,
@@ -320,6 +350,7 @@ fn parse_options(args: &[String]) -> Result<Options, String> {
     let quick = args.iter().any(|a| a == "--quick");
     let mut options = Options {
         plan: if quick { Plan::quick() } else { Plan::full() },
+        instructions: false,
         json: None,
         data_dir: PathBuf::from("target/bench-data"),
         only: None,
@@ -333,6 +364,7 @@ fn parse_options(args: &[String]) -> Result<Options, String> {
         };
         match arg.as_str() {
             "--quick" => {}
+            "--instructions" => options.instructions = true,
             "--json" => options.json = Some(PathBuf::from(value("--json")?)),
             "--data-dir" => options.data_dir = PathBuf::from(value("--data-dir")?),
             "--rounds" => {
@@ -375,6 +407,10 @@ fn main() -> ExitCode {
         Some("__memory") => Some(probes::memory_main as fn(&[String]) -> Result<(), String>),
         Some("__startup") => Some(probes::startup_main as fn(&[String]) -> Result<(), String>),
         Some("__threads") => Some(probes::threads_main as fn(&[String]) -> Result<(), String>),
+        Some("__cycles") => Some(probes::cycles_main as fn(&[String]) -> Result<(), String>),
+        Some("__instructions") => {
+            Some(instructions::child_main as fn(&[String]) -> Result<(), String>)
+        }
         _ => None,
     };
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"))
@@ -399,7 +435,12 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match run(&options) {
+    let outcome = if options.instructions {
+        instructions::run(&options.data_dir, options.plan.quick, options.json.as_ref())
+    } else {
+        run(&options)
+    };
+    match outcome {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(error) => {
@@ -531,6 +572,25 @@ fn run(options: &Options) -> Result<bool, String> {
             .collect();
         let ratio = (!ratios.is_empty()).then(|| median(&ratios));
         let met = ratio.and_then(|value| arm.ratio.met(value));
+        let context: Vec<Value> = arm
+            .context
+            .iter()
+            .filter_map(|extra| {
+                let per_round: Vec<f64> = (0..plan.rounds)
+                    .filter_map(|r| {
+                        let trial = trials[index].get(r)?.as_ref()?;
+                        extra.value(trial, &|id| by_id(id, r))
+                    })
+                    .collect();
+                (!per_round.is_empty()).then(|| {
+                    json!({
+                        "value": round(median(&per_round), 3),
+                        "per_round": per_round.iter().map(|v| round(*v, 3)).collect::<Vec<_>>(),
+                        "of": extra.describe(),
+                    })
+                })
+            })
+            .collect();
         if let (Some(value), Some(target)) = (ratio, arm.ratio.target()) {
             targets.push(json!({
                 "target": format!("{}: {} {target}", arm.id, arm.ratio.describe()),
@@ -551,6 +611,7 @@ fn run(options: &Options) -> Result<bool, String> {
                 "target": arm.ratio.target(),
                 "met": met,
             })),
+            "context": context,
         }));
     }
     print_table(&rows);
@@ -658,6 +719,29 @@ fn run(options: &Options) -> Result<bool, String> {
                 "runs": runs.iter().map(|(l, v)| json!({"dir": l, "figures": v})).collect::<Vec<_>>(),
             }),
         );
+    }
+    if wanted(options, "memory-real") {
+        match probes::realistic_memory(&root, plan.sessions) {
+            Ok((memory, more)) => {
+                probes.insert("memory_realistic".into(), memory);
+                targets.extend(more);
+            }
+            Err(error) => failures.push(("memory-real".into(), error)),
+        }
+    }
+    if wanted(options, "cycles") {
+        let (count, warmup) = if plan.quick {
+            (100, 20)
+        } else {
+            (10_000, 1_000)
+        };
+        match probes::cycles(&root, count, warmup) {
+            Ok((cycles, more)) => {
+                probes.insert("cycles".into(), cycles);
+                targets.extend(more);
+            }
+            Err(error) => failures.push(("cycles".into(), error)),
+        }
     }
     if wanted(options, "threads") {
         let root_text = root.to_string_lossy().into_owned();
@@ -770,6 +854,16 @@ fn print_table(rows: &[Value]) {
             verdict
         );
     }
+    for row in rows {
+        for extra in row["context"].as_array().into_iter().flatten() {
+            println!(
+                "  {:<18} {:>7.3}  {} (context)",
+                row["id"].as_str().unwrap_or_default(),
+                extra["value"].as_f64().unwrap_or(0.0),
+                extra["of"].as_str().unwrap_or_default(),
+            );
+        }
+    }
     println!();
     for row in rows {
         println!(
@@ -806,6 +900,37 @@ fn print_probes(probes: &serde_json::Map<String, Value>) {
                 "memory (heap in use, glibc mallinfo2): {open:.0} B per open idle session, {passivated:.0} B per passivated session; the rest of the private figure is freed memory the allocator keeps"
             );
         }
+    }
+    if let Some(memory) = probes.get("memory_realistic") {
+        println!(
+            "memory-real ({} sessions created with a {} B realistic request): {:.0} B per open idle session, {:.0} B per passivated session; heap in use {:.0} B and {:.0} B",
+            memory["sessions"],
+            memory["request_bytes"],
+            memory["open_idle_bytes_per_session"]
+                .as_f64()
+                .unwrap_or(0.0),
+            memory["passivated_bytes_per_session"]
+                .as_f64()
+                .unwrap_or(0.0),
+            memory["heap_open_bytes_per_session"]
+                .as_f64()
+                .unwrap_or(0.0),
+            memory["heap_passivated_bytes_per_session"]
+                .as_f64()
+                .unwrap_or(0.0),
+        );
+    }
+    if let Some(cycles) = probes.get("cycles") {
+        println!(
+            "cycles ({} create → activate → close → delete after {} of warm-up, {:.1} s): private memory grew {} B ({} B in the second half), heap in use {} B ({} B)",
+            cycles["cycles"],
+            cycles["warmup"],
+            cycles["seconds"].as_f64().unwrap_or(0.0),
+            cycles["private_growth"],
+            cycles["private_growth_second_half"],
+            cycles["heap_growth"],
+            cycles["heap_growth_second_half"],
+        );
     }
     if let Some(startup) = probes.get("startup") {
         println!(
@@ -845,7 +970,7 @@ fn print_probes(probes: &serde_json::Map<String, Value>) {
 }
 
 fn print_targets(targets: &[Value]) {
-    println!("targets (issue 7):");
+    println!("targets (issues 7 and 27):");
     for target in targets {
         let verdict = match target["met"].as_bool() {
             Some(true) => "met",

@@ -97,19 +97,68 @@ pub fn child_json(args: &[&str]) -> Result<Value, String> {
     serde_json::from_str(last).map_err(|e| format!("{}: bad output {last:?}: {e}", args[0]))
 }
 
-/// Creates `count` sessions of the bench harness (mode `none`) from `threads` threads, runs one
-/// activation in each, and returns their ids.
-fn open_sessions(brain: &Brain, count: usize, threads: usize) -> Result<Vec<SessionId>, String> {
+/// The minimal create-session request of the bench harness (mode `none`).
+pub fn minimal_request() -> Value {
+    json!({"agentloop": {"name": "bench", "configuration": {"bench": "none"}}})
+}
+
+/// A realistic create-session request for the bench harness (mode `none`), shaped like the load
+/// test's (tests/soak.rs, `session_request`): a configuration with a list of callbacks and a
+/// fault plan, an environment grant, a model, a system prompt, a tool and an environment of the
+/// `local` driver with its tool's command — about 800 bytes of JSON. `nonce` makes it unique.
+pub fn realistic_request(nonce: &str) -> Value {
+    let script =
+        "read -r _; d=\"${PWD%/*}\"; printf '%s\\n' \"${d##*/}\" >> '/tmp/brain-bench-tools.log'";
+    json!({
+        "agentloop": {"name": "bench",
+                      "configuration": {
+                          "bench": "none",
+                          "fault": {"kind": "none", "after_calls": 0, "delay_ms": 0},
+                          "calls": [
+                              {"method": "kv.put", "input": {"key": "k", "value": nonce}},
+                              {"method": "model", "input": {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}},
+                              {"method": "tool", "input": {"name": "count", "input": {}}},
+                              {"method": "emit", "input": {"type": "progress", "data": {}}},
+                          ],
+                      },
+                      "environments": [{"environment": "box", "permissions": ["read", "call"]}]},
+        "model": {"provider": "scripted", "name": "stand-in"},
+        "system": nonce,
+        "tools": [{"name": "count", "description": "counts its calls", "input_schema": {"type": "object"},
+                   "placements": ["box"]}],
+        "environments": [{"name": "box", "driver": "local",
+                          "configuration": {"tools": {"count": {"command": ["sh", "-c", script]}}}}],
+    })
+}
+
+/// The request of the memory probes: `realistic` or the minimal one.
+fn request_for(kind: &str, n: usize) -> Value {
+    if kind == "realistic" {
+        realistic_request(&format!("load-{n:08}"))
+    } else {
+        minimal_request()
+    }
+}
+
+/// Creates `count` sessions of the bench harness (mode `none`) from `threads` threads with
+/// requests of `kind` (`minimal` or `realistic`), runs one activation in each, and returns their
+/// ids.
+fn open_sessions(
+    brain: &Brain,
+    count: usize,
+    threads: usize,
+    kind: &str,
+) -> Result<Vec<SessionId>, String> {
     let ids = Mutex::new(Vec::with_capacity(count));
     let failure = Mutex::new(None);
-    let request = json!({"agentloop": {"name": "bench", "configuration": {"bench": "none"}}});
     std::thread::scope(|scope| {
         for t in 0..threads {
             let mine = count / threads + usize::from(t < count % threads);
-            let (ids, failure, request) = (&ids, &failure, &request);
+            let (ids, failure) = (&ids, &failure);
             scope.spawn(move || {
-                for _ in 0..mine {
-                    let opened = arms::create(brain, request).and_then(|session| {
+                for i in 0..mine {
+                    let request = request_for(kind, t * count + i);
+                    let opened = arms::create(brain, &request).and_then(|session| {
                         let activation = session
                             .send(arms::text("{}"))
                             .map_err(|e| format!("send: {e}"))?;
@@ -175,23 +224,26 @@ fn probe_brain(setup: &Setup, dir: &Path) -> Result<Brain, String> {
     )
 }
 
-/// `__memory DIR COUNT`: in a Brain with the durable journal in DIR (two bench workers), the
-/// private memory after a warm-up (M0), after COUNT sessions were created and ran one activation
-/// each (M1, idle and open), and after they were all passivated (M2). Leaves the sessions in DIR
-/// for the startup probe. Prints one JSON object.
+/// `__memory DIR COUNT [KIND]`: in a Brain with the durable journal in DIR (two bench workers),
+/// the private memory after a warm-up (M0), after COUNT sessions were created with requests of
+/// KIND (`minimal`, the default, or `realistic`) and ran one activation each (M1, idle and
+/// open), and after they were all passivated (M2). Leaves the sessions in DIR for the startup
+/// probe. Prints one JSON object.
 pub fn memory_main(args: &[String]) -> Result<(), String> {
-    let dir = Path::new(args.first().ok_or("usage: __memory DIR COUNT")?);
-    let count: usize = args
-        .get(1)
-        .and_then(|n| n.parse().ok())
-        .ok_or("usage: __memory DIR COUNT")?;
+    let usage = "usage: __memory DIR COUNT [minimal|realistic]";
+    let dir = Path::new(args.first().ok_or(usage)?);
+    let count: usize = args.get(1).and_then(|n| n.parse().ok()).ok_or(usage)?;
+    let kind = args.get(2).map(String::as_str).unwrap_or("minimal");
+    if kind != "minimal" && kind != "realistic" {
+        return Err(usage.into());
+    }
     let threads = 16;
     let setup = setup_from_env()?;
     let brain = probe_brain(&setup, dir)?;
     // The same work on a few sessions first, so that the allocator's arenas, the threads' stacks
     // and the journal's buffers exist before the baseline.
     // They are deleted afterwards, so the directory holds exactly COUNT sessions.
-    let warm = open_sessions(&brain, 256.min(count), threads)?;
+    let warm = open_sessions(&brain, 256.min(count), threads, kind)?;
     passivate(&brain, &warm, threads)?;
     for id in &warm {
         let session = brain.session(id);
@@ -203,7 +255,7 @@ pub fn memory_main(args: &[String]) -> Result<(), String> {
     let before = private_bytes();
     let heap_before = heap_in_use();
     let began = Instant::now();
-    let ids = open_sessions(&brain, count, threads)?;
+    let ids = open_sessions(&brain, count, threads, kind)?;
     let open_seconds = began.elapsed().as_secs_f64();
     settle();
     let open = private_bytes();
@@ -221,6 +273,8 @@ pub fn memory_main(args: &[String]) -> Result<(), String> {
         "{}",
         json!({
             "sessions": count,
+            "request": kind,
+            "request_bytes": request_for(kind, 0).to_string().len(),
             "private_before": before,
             "private_open": open,
             "private_passivated": passivated,
@@ -343,7 +397,7 @@ pub fn threads_main(args: &[String]) -> Result<(), String> {
     )?);
     settle();
     let idle = thread_count();
-    let ids = open_sessions(&brain, sessions, 4)?;
+    let ids = open_sessions(&brain, sessions, 4, "minimal")?;
     settle();
     let with_sessions = thread_count();
     let waiting = json!({"agentloop": {"name": "bench", "configuration": {"bench": "wait"}}});
@@ -377,4 +431,132 @@ pub fn threads_main(args: &[String]) -> Result<(), String> {
         })
     );
     Ok(())
+}
+
+/// `count` create → activate → close → delete cycles of realistic sessions, from `threads`
+/// threads.
+fn cycle_sessions(brain: &Brain, count: usize, threads: usize, from: usize) -> Result<(), String> {
+    let failure = Mutex::new(None);
+    std::thread::scope(|scope| {
+        for t in 0..threads {
+            let mine = count / threads + usize::from(t < count % threads);
+            let failure = &failure;
+            scope.spawn(move || {
+                for i in 0..mine {
+                    let request = realistic_request(&format!("cycle-{:08}", from + t * count + i));
+                    let cycled = arms::create(brain, &request).and_then(|session| {
+                        let activation = session
+                            .send(arms::text("{}"))
+                            .map_err(|e| format!("send: {e}"))?;
+                        arms::completed(&activation.wait())?;
+                        session.close().map_err(|e| format!("close: {e}"))?;
+                        session.delete().map_err(|e| format!("delete: {e}"))
+                    });
+                    if let Err(error) = cycled {
+                        failure.lock().get_or_insert(error);
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    match failure.into_inner() {
+        Some(error) => Err(error),
+        None => Ok(()),
+    }
+}
+
+/// `__cycles DIR COUNT WARMUP`: in a Brain with the durable journal in DIR (two bench workers),
+/// WARMUP create → activate → close → delete cycles of realistic sessions (4 threads), then the
+/// private memory and the heap in use (M0), COUNT more cycles in two halves with a reading after
+/// each (M½, M1). Prints one JSON object: the growth M1 − M0 is what the cycles leave behind.
+pub fn cycles_main(args: &[String]) -> Result<(), String> {
+    let usage = "usage: __cycles DIR COUNT WARMUP";
+    let dir = Path::new(args.first().ok_or(usage)?);
+    let count: usize = args.get(1).and_then(|n| n.parse().ok()).ok_or(usage)?;
+    let warmup: usize = args.get(2).and_then(|n| n.parse().ok()).ok_or(usage)?;
+    let threads = 4;
+    let setup = setup_from_env()?;
+    let brain = probe_brain(&setup, dir)?;
+    cycle_sessions(&brain, warmup, threads, 0)?;
+    settle();
+    let (private_0, heap_0) = (private_bytes(), heap_in_use());
+    let began = Instant::now();
+    cycle_sessions(&brain, count / 2, threads, warmup)?;
+    settle();
+    let (private_half, heap_half) = (private_bytes(), heap_in_use());
+    cycle_sessions(&brain, count - count / 2, threads, warmup + count / 2)?;
+    let seconds = began.elapsed().as_secs_f64();
+    settle();
+    let (private_1, heap_1) = (private_bytes(), heap_in_use());
+    brain.shutdown(Duration::from_secs(5));
+    let growth = |after: Option<u64>, before: Option<u64>| Some(after? as i64 - before? as i64);
+    println!(
+        "{}",
+        json!({
+            "cycles": count,
+            "warmup": warmup,
+            "seconds": seconds,
+            "private_before": private_0,
+            "private_half": private_half,
+            "private_after": private_1,
+            "private_growth": private_1 as i64 - private_0 as i64,
+            "private_growth_second_half": private_1 as i64 - private_half as i64,
+            "heap_before": heap_0,
+            "heap_growth": growth(heap_1, heap_0),
+            "heap_growth_second_half": growth(heap_1, heap_half),
+        })
+    );
+    Ok(())
+}
+
+/// The realistic-session memory probe (`memory-real`): `__memory` with the realistic request in
+/// a fresh directory under `root`. Returns the probe's figures and its targets (issue 27: open
+/// idle ≤ 8 KiB + the request's JSON, passivated ≤ 1 KiB).
+pub fn realistic_memory(root: &Path, sessions: usize) -> Result<(Value, Vec<Value>), String> {
+    let dir = arms::fresh_dir(root, "sessions-realistic")?;
+    let dir_text = dir.to_string_lossy().into_owned();
+    eprintln!("memory-real: creating {sessions} sessions with the realistic request …");
+    let memory = child_json(&["__memory", &dir_text, &sessions.to_string(), "realistic"])?;
+    let _ = std::fs::remove_dir_all(&dir);
+    let idle = memory["open_idle_bytes_per_session"]
+        .as_f64()
+        .unwrap_or(0.0);
+    let passivated = memory["passivated_bytes_per_session"]
+        .as_f64()
+        .unwrap_or(0.0);
+    let request = memory["request_bytes"].as_f64().unwrap_or(0.0);
+    let limit = 8192.0 + request;
+    let targets = vec![
+        json!({
+            "target": format!("memory-real: private bytes per open idle realistic session ≤ 8192 + its request's {request:.0} B = {limit:.0}"),
+            "measured": idle.round(), "met": idle <= limit,
+        }),
+        json!({
+            "target": "memory-real: private bytes per passivated realistic session ≤ 1024",
+            "measured": passivated.round(), "met": passivated <= 1024.0,
+        }),
+    ];
+    Ok((memory, targets))
+}
+
+/// The cycles probe (`cycles`): `__cycles` in a fresh directory under `root`. Returns its figures
+/// and its target (issue 27: no growth beyond 1 MiB after the warm-up).
+pub fn cycles(root: &Path, count: usize, warmup: usize) -> Result<(Value, Vec<Value>), String> {
+    let dir = arms::fresh_dir(root, "cycles")?;
+    let dir_text = dir.to_string_lossy().into_owned();
+    eprintln!("cycles: {warmup} + {count} create → activate → close → delete cycles …");
+    let cycles = child_json(&[
+        "__cycles",
+        &dir_text,
+        &count.to_string(),
+        &warmup.to_string(),
+    ])?;
+    let _ = std::fs::remove_dir_all(&dir);
+    let growth = cycles["private_growth"].as_f64().unwrap_or(0.0);
+    let targets = vec![json!({
+        "target": format!("cycles: private memory growth over {count} create → activate → close → delete cycles after {warmup} of warm-up ≤ 1 MiB"),
+        "measured": growth, "met": growth <= 1024.0 * 1024.0,
+    })];
+    Ok((cycles, targets))
 }
