@@ -1,0 +1,128 @@
+//! The machine a run measured: CPUs, memory, kernel, the data directory's filesystem, and the
+//! CPU time the bench and other processes used, from /proc.
+
+use serde_json::{Value, json};
+use std::path::Path;
+
+/// The machine: CPUs, memory, kernel, and the filesystem holding the data directory.
+pub(crate) fn machine(data_dir: &Path) -> Value {
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
+    let read = |path: &str| std::fs::read_to_string(path).unwrap_or_default();
+    let cpuinfo = read("/proc/cpuinfo");
+    let model = cpuinfo
+        .lines()
+        .find(|line| line.starts_with("model name"))
+        .and_then(|line| line.split(':').nth(1))
+        .map(str::trim)
+        .unwrap_or("unknown")
+        .to_owned();
+    let meminfo = read("/proc/meminfo");
+    let memory_kib = meminfo
+        .lines()
+        .find(|line| line.starts_with("MemTotal:"))
+        .and_then(|line| line.split_whitespace().nth(1))
+        .and_then(|n| n.parse::<u64>().ok())
+        .unwrap_or(0);
+    let kernel = read("/proc/sys/kernel/osrelease").trim().to_owned();
+    let load = loadavg();
+    // The mount with the longest mount point that contains the data directory.
+    let mut filesystem = json!(null);
+    let mut best = 0;
+    for line in read("/proc/self/mountinfo").lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let Some(dash) = fields.iter().position(|f| *f == "-") else {
+            continue;
+        };
+        let (Some(mount), Some(fstype), Some(source)) =
+            (fields.get(4), fields.get(dash + 1), fields.get(dash + 2))
+        else {
+            continue;
+        };
+        if data_dir.starts_with(mount) && mount.len() >= best {
+            best = mount.len();
+            filesystem = json!({"mount": mount, "type": fstype, "source": source});
+        }
+    }
+    json!({
+        "cpus": cpus,
+        "cpu_model": model,
+        "memory_mib": memory_kib / 1024,
+        "kernel": kernel,
+        "load_average_at_start": load,
+        "data_dir": data_dir,
+        "filesystem": filesystem,
+    })
+}
+
+/// Clock ticks per second of `/proc/stat` and `/proc/<pid>/stat` (`USER_HZ`, 100 on Linux).
+pub(crate) const TICKS_PER_SECOND: f64 = 100.0;
+
+/// CPU time counters, in clock ticks: the whole machine's busy and total time, and this
+/// process's own plus that of its reaped children (the harness workers and the probes).
+pub(crate) struct CpuCounters {
+    busy: u64,
+    total: u64,
+    pub(crate) own: u64,
+}
+
+pub(crate) fn cpu_counters() -> CpuCounters {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let fields: Vec<u64> = stat
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|n| n.parse().ok())
+        .collect();
+    let at = |i: usize| fields.get(i).copied().unwrap_or(0);
+    // user nice system idle iowait irq softirq steal
+    let busy = at(0) + at(1) + at(2) + at(5) + at(6) + at(7);
+    let total = busy + at(3) + at(4);
+    let own_stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after_name = own_stat.rsplit(')').next().unwrap_or_default();
+    // After the name: state ppid pgrp session tty_nr tpgid flags minflt cminflt majflt cmajflt
+    // utime stime cutime cstime.
+    let own = after_name
+        .split_whitespace()
+        .skip(11)
+        .take(4)
+        .filter_map(|n| n.parse::<u64>().ok())
+        .sum();
+    CpuCounters { busy, total, own }
+}
+
+impl CpuCounters {
+    /// The share of the machine's CPU time since `start` spent by anything but this process and
+    /// its reaped children (kernel threads doing this process's I/O count as other).
+    pub(crate) fn other_share_since(&self, start: &CpuCounters) -> f64 {
+        let total = self.total.saturating_sub(start.total).max(1) as f64;
+        let busy = self.busy.saturating_sub(start.busy) as f64;
+        let own = self.own.saturating_sub(start.own) as f64;
+        ((busy - own) / total).max(0.0)
+    }
+}
+
+/// The 1-minute load average: other work on the machine makes the figures provisional.
+pub(crate) fn loadavg() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|text| text.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+pub(crate) fn describe_machine(machine: &Value) -> String {
+    format!(
+        "{} CPUs ({}), {} MiB, Linux {}, data directory {} on {} ({}); load average {}",
+        machine["cpus"],
+        machine["cpu_model"].as_str().unwrap_or_default(),
+        machine["memory_mib"],
+        machine["kernel"].as_str().unwrap_or_default(),
+        machine["data_dir"].as_str().unwrap_or_default(),
+        machine["filesystem"]["type"].as_str().unwrap_or("?"),
+        machine["filesystem"]["source"].as_str().unwrap_or("?"),
+        machine["load_average_at_start"],
+    )
+}
