@@ -299,30 +299,8 @@ fn cancel_mid_run_ends_cancelled_within_the_grace() {
 #[test]
 fn a_fatal_callback_error_stops_the_turn_promptly_with_no_further_callback() {
     let brain = Running::start_with(vec![pi()], options("pi-fatal"), fatal_second_call());
-    // The first call asks for the tool; the second, after the tool's result, fails fatally.
     let script = json!([asks_for("lookup", json!({"word": "pi"})), answers("never")]);
-    let mut request = with_lookup_tool(script, "echo found-314");
-    request["model"]["provider"] = json!("fatal-second-call");
-    let session = create(&brain, request);
-    let worker = worker_pid(&brain);
-    let activation = session.send(text("what is pi?")).unwrap();
-    wait_for_finished_model_calls(&session, 2);
-    let failed_at = Instant::now();
-    let outcome = wait(&activation);
-    let took = failed_at.elapsed();
-    assert_eq!(outcome.outcome, OutcomeKind::Failed, "{outcome:?}");
-    assert_eq!(outcome.error.as_ref().unwrap().code, "journal_failed");
-    // Answered well within the fatal grace (5 s): Brain did not have to kill the worker.
-    assert!(
-        took < Duration::from_secs(3),
-        "run answered {took:?} after the fatal error"
-    );
-    assert_eq!(worker_pid(&brain), worker);
-    // No callback after the fatal one, not even one Brain refused.
-    assert_eq!(records(&session, "model_call_started").len(), 2);
-    assert_eq!(records(&session, "tool_call_started").len(), 1);
-    assert_no_refused_callbacks(&brain);
-    assert_interrupted(&session, activation.sequence());
+    assert_a_fatal_error_stops_the_turn(&brain, "pi", with_lookup_tool(script, "echo found-314"));
 }
 
 #[test]

@@ -322,3 +322,53 @@ pub fn assert_no_refused_callbacks(brain: &Brain) {
         .collect();
     assert!(refused.is_empty(), "{refused:?}");
 }
+
+/// Runs a turn of `request` (whose first scripted answer asks for a tool) on the provider of
+/// [`fatal_second_call`], so that the model call after the tool's result fails fatally, and checks
+/// what the protocol asks of every adapter then: the run ends `journal_failed` well within the
+/// fatal grace (5 s) on the same worker, no callback follows the fatal one (none started, none
+/// refused), and the session is left interrupted. The session, for the suite's own checks.
+pub fn assert_a_fatal_error_stops_the_turn(
+    brain: &Brain,
+    registration: &str,
+    mut request: Value,
+) -> Session {
+    request["model"]["provider"] = json!("fatal-second-call");
+    let session = create(brain, request);
+    let worker = || {
+        let status = brain.status();
+        let worker = status.worker(registration, 0).expect("the worker");
+        (worker.pid, worker.restarts)
+    };
+    let before = worker();
+    let activation = session.send(text("what is pi?")).unwrap();
+    wait_for_finished_model_calls(&session, 2);
+    let failed_at = std::time::Instant::now();
+    let outcome = wait(&activation);
+    let took = failed_at.elapsed();
+    assert_eq!(outcome.outcome, brain::OutcomeKind::Failed, "{outcome:?}");
+    assert_eq!(outcome.error.as_ref().unwrap().code, "journal_failed");
+    assert!(
+        took < Duration::from_secs(3),
+        "run answered {took:?} after the fatal error"
+    );
+    assert_eq!(worker(), before, "the worker was killed or restarted");
+    assert_eq!(records(&session, "model_call_started").len(), 2);
+    assert_eq!(records(&session, "tool_call_started").len(), 1);
+    let events = session.events(0, usize::MAX).unwrap();
+    let fatal = events
+        .iter()
+        .rposition(|e| e.event_type == "model_call_finished")
+        .unwrap();
+    let after: Vec<_> = events[fatal + 1..]
+        .iter()
+        .map(|e| e.event_type.as_str())
+        .collect();
+    assert!(
+        after.iter().all(|kind| !kind.ends_with("_started")),
+        "{after:?}"
+    );
+    assert_no_refused_callbacks(brain);
+    super::assert_interrupted(&session, activation.sequence());
+    session
+}
