@@ -25,6 +25,22 @@ pub struct Setup {
     pub root: PathBuf,
 }
 
+impl Setup {
+    /// This binary, the reference harness beside it (if built), and `root` for data directories.
+    pub fn here(root: PathBuf) -> Result<Setup, String> {
+        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let reference = exe
+            .parent()
+            .map(|dir| dir.join("brain-reference-harness"))
+            .filter(|path| path.is_file());
+        Ok(Setup {
+            exe,
+            reference,
+            root,
+        })
+    }
+}
+
 /// Which harness serves the sessions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Harness {

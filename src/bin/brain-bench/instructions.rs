@@ -97,16 +97,7 @@ pub fn child_main(args: &[String]) -> Result<(), String> {
     let id = args.first().ok_or(usage)?;
     let n: u64 = args.get(1).and_then(|n| n.parse().ok()).ok_or(usage)?;
     let dir = Path::new(args.get(2).ok_or(usage)?);
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let reference = exe
-        .parent()
-        .map(|dir| dir.join("brain-reference-harness"))
-        .filter(|path| path.is_file());
-    let setup = Setup {
-        exe,
-        reference,
-        root: dir.to_path_buf(),
-    };
+    let setup = Setup::here(dir.to_path_buf())?;
     match id.as_str() {
         "jsonrpc" => {
             let window = Window {

@@ -472,16 +472,7 @@ fn run(options: &Options) -> Result<bool, String> {
         .canonicalize()
         .map_err(|e| format!("{}: {e}", options.data_dir.display()))?;
     let root = arms::fresh_dir(&data_dir, &format!("run-{}", std::process::id()))?;
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let reference = exe
-        .parent()
-        .map(|dir| dir.join("brain-reference-harness"))
-        .filter(|path| path.is_file());
-    let setup = Setup {
-        exe,
-        reference,
-        root: root.clone(),
-    };
+    let setup = Setup::here(root.clone())?;
     let machine = machine(&data_dir);
     let cpu_at_start = cpu_counters();
     println!("brain-bench{}", if plan.quick { " --quick" } else { "" });
