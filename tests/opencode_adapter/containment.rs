@@ -60,6 +60,22 @@ fn git_repository(dir: &Path) {
     }
 }
 
+/// For each of `paths` beneath `dir` (both resolved through links), its first component there.
+fn first_components_beneath(dir: &Path, paths: &[PathBuf]) -> Vec<PathBuf> {
+    let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+    let mut names: Vec<PathBuf> = paths
+        .iter()
+        .filter_map(|path| {
+            let path = std::fs::canonicalize(path).ok()?;
+            let first = path.strip_prefix(&dir).ok()?.components().next()?;
+            Some(PathBuf::from(first.as_os_str()))
+        })
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
 /// The first `name` on PATH.
 fn which(name: &str) -> PathBuf {
     std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
@@ -104,8 +120,18 @@ fn a_turn_with_a_tool_call_writes_nothing_outside_state_dir() {
         .expect("bwrap (Debian's bubblewrap, which scripts/test installs) is needed");
     let shown = |path: &Path| path.display().to_string();
     let mut args: Vec<String> = vec!["--dev-bind".into(), "/".into(), "/".into()];
+    // What the worker needs may itself lie beneath one of those places (a checkout in /tmp, or
+    // this test's own directory when TMPDIR is /tmp): it is bound back at its own path, on a
+    // mount point bubblewrap makes in the test's directory, which is then all that may be there.
+    let needed = [PathBuf::from(ROOT), node.clone(), scratch.0.clone()];
+    let mut mount_points: BTreeMap<&str, Vec<PathBuf>> = BTreeMap::new();
     for (place, target) in [(&tmp, "/tmp"), (&var_tmp, "/var/tmp"), (&shm, "/dev/shm")] {
         args.extend(["--bind".into(), shown(place), target.into()]);
+        for name in first_components_beneath(Path::new(target), &needed) {
+            let path = Path::new(target).join(&name);
+            args.extend(["--bind".into(), shown(&path), shown(&path)]);
+            mount_points.entry(target).or_default().push(name);
+        }
     }
     // HOME is the test's directory, at the user's real home path when there is one (so that a
     // home found through the password database is the test's too).
@@ -177,7 +203,7 @@ fn a_turn_with_a_tool_call_writes_nothing_outside_state_dir() {
     session.close().unwrap();
     assert_no_opencode(&state_dir);
 
-    for place in [&var_tmp, &shm, &home, &cwd] {
+    for place in [&home, &cwd] {
         assert_eq!(
             tree(place),
             BTreeMap::new(),
@@ -185,8 +211,16 @@ fn a_turn_with_a_tool_call_writes_nothing_outside_state_dir() {
             place.display()
         );
     }
-    let left: Vec<_> = tree(&tmp).into_keys().collect();
-    assert_eq!(left, [PathBuf::from("made-by-the-test")], "written in /tmp");
+    // Each of the others holds only its mount points, empty, and /tmp the test's own file.
+    for (place, target) in [(&tmp, "/tmp"), (&var_tmp, "/var/tmp"), (&shm, "/dev/shm")] {
+        let mut expected = mount_points.get(target).cloned().unwrap_or_default();
+        if target == "/tmp" {
+            expected.push(PathBuf::from("made-by-the-test"));
+        }
+        expected.sort();
+        let left: Vec<_> = tree(place).into_keys().collect();
+        assert_eq!(left, expected, "written in {target}");
+    }
     assert_eq!(
         tree(&repository.join(".git")),
         git_before,
