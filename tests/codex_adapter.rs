@@ -50,29 +50,11 @@ fn start_codex_with(tag: &str, registration: Registration) -> Running {
     Running::start(vec![registration], options(tag))
 }
 
-/// The names of the tools a model request offered.
-fn offered(request: &Value) -> Vec<String> {
-    request["tools"]
-        .as_array()
-        .expect("the adapter names the tools it offers")
-        .iter()
-        .map(|tool| tool["name"].as_str().unwrap_or_default().to_owned())
-        .collect()
-}
-
 /// Blocks until the session's journal holds a record of `kind` (bounded by WAIT).
 fn wait_for_record(session: &Session, kind: &str) {
     session
         .wait_for_events(WAIT, |events| events.iter().any(|e| e.event_type == kind))
         .unwrap_or_else(|_| panic!("no {kind} record in session {}", session.id()));
-}
-
-fn worker_pid(brain: &Brain) -> u32 {
-    brain
-        .status()
-        .worker("codex", 0)
-        .and_then(|worker| worker.pid)
-        .expect("a running worker")
 }
 
 /// The running `codex` processes whose CODEX_HOME is this session's (read from /proc).
@@ -127,15 +109,7 @@ fn assert_no_codex(state_dir: &Path) {
 
 /// A session declaring tool `lookup` in a `local` environment running `script` with /bin/sh.
 fn with_lookup_tool(script_for_model: Value, shell: &str) -> Value {
-    json!({
-        "agentloop": {"name": "codex"},
-        "model": model(Some(script_for_model)),
-        "tools": [{"name": "lookup", "description": "Look a word up",
-                   "input_schema": {"type": "object", "properties": {"word": {"type": "string"}}},
-                   "placements": ["host"]}],
-        "environments": [{"name": "host", "driver": "local", "configuration": {
-            "tools": {"lookup": {"command": ["/bin/sh", "-c", shell]}}}}],
-    })
+    lookup_request("codex", script_for_model, shell)
 }
 
 /// An opaque provider block Codex must hand back to Brain untouched.
@@ -225,28 +199,11 @@ fn the_model_asks_for_a_tool_the_local_driver_runs_it_and_the_model_answers() {
         asks_for("lookup", json!({"word": "pi"})),
         answers("pi is 3.14")
     ]);
-    let session = create(
-        &brain,
-        with_lookup_tool(script, "cat > input.json; echo found-314"),
-    );
-    let outcome = wait(&session.send(text("what is pi?")).unwrap());
-    assert_eq!(outcome.outcome, OutcomeKind::Completed, "{outcome:?}");
-    let result = outcome.result.expect("a result");
-    assert_eq!(result["text"], "pi is 3.14");
-    assert_eq!(result["model_calls"], 2);
-
-    let finished = records(&session, "tool_call_finished");
-    assert_eq!(finished.len(), 1, "{finished:?}");
-    assert_eq!(finished[0].data["outcome"], "ok");
-    let started = &records(&session, "tool_call_started")[0];
-    assert_eq!(started.data["name"], "lookup", "{}", started.data);
-    assert_eq!(started.data["environment"], "host");
-    assert_eq!(started.data["input"], json!({"word": "pi"}));
+    let request = with_lookup_tool(script, "cat > input.json; echo found-314");
+    let (session, requests) = a_tool_round_trip(&brain, request);
 
     // The second model call saw the first answer exactly as the model gave it (the native block
     // came back byte for byte), then the tool's result.
-    let requests = model_requests(&session);
-    assert_eq!(requests.len(), 2);
     for request in &requests {
         assert_eq!(offered(request), ["lookup"], "{request}");
     }
@@ -347,7 +304,7 @@ fn a_second_message_sees_the_first_exchange_after_the_idle_worker_was_killed() {
     second_message_sees_the_first("second-killed", |brain, session| {
         let state_dir = session.info().unwrap().state_dir;
         let codex = codex_process(&state_dir);
-        let pid = worker_pid(brain);
+        let pid = worker_pid(brain, "codex");
         kill(pid);
         let status = brain
             .wait_for(WAIT, |s| {
@@ -418,7 +375,7 @@ fn cancel_mid_turn_ends_cancelled_within_the_grace_and_leaves_no_codex_process()
     let (session, activation) = blocked_in_a_tool(&brain, "exec sleep 60");
     let state_dir = session.info().unwrap().state_dir;
     let codex = codex_process(&state_dir);
-    let pid = worker_pid(&brain);
+    let pid = worker_pid(&brain, "codex");
     let asked = Instant::now();
     assert!(session.cancel().unwrap().was_running);
     let outcome = wait(&activation);
@@ -428,7 +385,7 @@ fn cancel_mid_turn_ends_cancelled_within_the_grace_and_leaves_no_codex_process()
     assert!(took < grace, "cancel took {took:?}, the grace is {grace:?}");
     eprintln!("cancel answered in {took:?}");
     // The adapter answered by itself: Brain did not have to kill it.
-    assert_eq!(worker_pid(&brain), pid);
+    assert_eq!(worker_pid(&brain, "codex"), pid);
     assert_eq!(brain.status().worker("codex", 0).unwrap().restarts, 0);
     // The interrupted session's Codex is gone, and no model call started after the cancel.
     assert!(stops_within(codex, Duration::from_secs(1)));
@@ -444,7 +401,7 @@ fn the_adapter_killed_mid_run_leaves_the_session_interrupted() {
     let (session, activation) = blocked_in_a_tool(&brain, "exec sleep 60");
     let state_dir = session.info().unwrap().state_dir;
     let codex = codex_process(&state_dir);
-    kill(worker_pid(&brain));
+    kill(worker_pid(&brain, "codex"));
     let outcome = wait(&activation);
     assert_eq!(outcome.outcome, OutcomeKind::Failed, "{outcome:?}");
     assert_eq!(outcome.error.as_ref().unwrap().code.as_str(), "worker_lost");

@@ -49,19 +49,6 @@ fn start_opencode(tag: &str) -> Running {
     Running::start(vec![opencode()], options(tag))
 }
 
-/// The names of the tools a model request offered.
-fn offered(request: &Value) -> Vec<String> {
-    request["tools"]
-        .as_array()
-        .map(|tools| {
-            tools
-                .iter()
-                .map(|tool| tool["name"].as_str().unwrap_or_default().to_owned())
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 /// The session's user and assistant texts of a model request (role, texts).
 fn conversation(request: &Value) -> Vec<(String, Vec<String>)> {
     request["messages"]
@@ -126,15 +113,7 @@ fn a_text_turn_completes_with_opencode_s_answer() {
 
 /// A session declaring tool `lookup` in a `local` environment running `script` with /bin/sh.
 fn with_lookup_tool(script_for_model: Value, shell: &str) -> Value {
-    json!({
-        "agentloop": {"name": "opencode"},
-        "model": model(Some(script_for_model)),
-        "tools": [{"name": "lookup", "description": "Look a word up",
-                   "input_schema": {"type": "object", "properties": {"word": {"type": "string"}}},
-                   "placements": ["host"]}],
-        "environments": [{"name": "host", "driver": "local", "configuration": {
-            "tools": {"lookup": {"command": ["/bin/sh", "-c", shell]}}}}],
-    })
+    lookup_request("opencode", script_for_model, shell)
 }
 
 #[test]
@@ -144,27 +123,10 @@ fn the_model_asks_for_a_tool_brain_runs_it_and_the_model_answers() {
         asks_for("lookup", json!({"word": "pi"})),
         answers("pi is 3.14")
     ]);
-    let session = create(
-        &brain,
-        with_lookup_tool(script, "cat > input.json; echo found-314"),
-    );
-    let outcome = wait(&session.send(text("what is pi?")).unwrap());
-    assert_eq!(outcome.outcome, OutcomeKind::Completed, "{outcome:?}");
-    let result = outcome.result.expect("a result");
-    assert_eq!(result["text"], "pi is 3.14");
-    assert_eq!(result["model_calls"], 2);
-
-    let finished = records(&session, "tool_call_finished");
-    assert_eq!(finished.len(), 1, "{finished:?}");
-    assert_eq!(finished[0].data["outcome"], "ok");
-    let started = &records(&session, "tool_call_started")[0];
-    assert_eq!(started.data["name"], "lookup", "{}", started.data);
-    assert_eq!(started.data["environment"], "host");
-    assert_eq!(started.data["input"], json!({"word": "pi"}));
+    let request = with_lookup_tool(script, "cat > input.json; echo found-314");
+    let (_session, requests) = a_tool_round_trip(&brain, request);
 
     // Only Brain's tool is offered: OpenCode's built-in tools are excluded.
-    let requests = model_requests(&session);
-    assert_eq!(requests.len(), 2);
     for request in &requests {
         assert_eq!(offered(request), ["lookup"], "{request}");
     }
@@ -421,20 +383,12 @@ fn initialize_declares_the_adapter_s_and_opencode_s_versions_and_text_only_capab
     );
 }
 
-fn worker_pid(brain: &Brain) -> u32 {
-    brain
-        .status()
-        .worker("opencode", 0)
-        .and_then(|worker| worker.pid)
-        .expect("a running worker")
-}
-
 #[test]
 fn a_second_message_after_the_idle_worker_was_killed_continues_the_same_opencode_session() {
     second_message_continues("oc-killed-idle", |brain, session| {
         let state_dir = session.info().unwrap().state_dir;
         assert_eq!(opencode_processes(&state_dir).len(), 1);
-        let pid = worker_pid(brain);
+        let pid = worker_pid(brain, "opencode");
         kill(pid);
         brain
             .wait_for(WAIT, |s| {
@@ -455,7 +409,7 @@ fn the_adapter_killed_mid_run_leaves_the_session_interrupted() {
     let (session, activation) = blocked_in_a_tool(&brain);
     let state_dir = session.info().unwrap().state_dir;
     assert_eq!(opencode_processes(&state_dir).len(), 1);
-    kill(worker_pid(&brain));
+    kill(worker_pid(&brain, "opencode"));
     let outcome = wait(&activation);
     assert_eq!(outcome.outcome, OutcomeKind::Failed, "{outcome:?}");
     assert_eq!(outcome.error.as_ref().unwrap().code.as_str(), "worker_lost");

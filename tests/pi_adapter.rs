@@ -51,14 +51,6 @@ fn wait_for_record(session: &Session, kind: &str) {
         .unwrap_or_else(|_| panic!("no {kind} record in session {}", session.id()));
 }
 
-fn worker_pid(brain: &Brain) -> u32 {
-    brain
-        .status()
-        .worker("pi", 0)
-        .and_then(|worker| worker.pid)
-        .expect("a running worker")
-}
-
 fn kill(pid: u32) {
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(pid as i32),
@@ -69,15 +61,7 @@ fn kill(pid: u32) {
 
 /// A session declaring tool `lookup` in a `local` environment running `script` with /bin/sh.
 fn with_lookup_tool(script_for_model: Value, shell: &str) -> Value {
-    json!({
-        "agentloop": {"name": "pi"},
-        "model": model(Some(script_for_model)),
-        "tools": [{"name": "lookup", "description": "Look a word up",
-                   "input_schema": {"type": "object", "properties": {"word": {"type": "string"}}},
-                   "placements": ["host"]}],
-        "environments": [{"name": "host", "driver": "local", "configuration": {
-            "tools": {"lookup": {"command": ["/bin/sh", "-c", shell]}}}}],
-    })
+    lookup_request("pi", script_for_model, shell)
 }
 
 /// An opaque provider block Pi must hand back to Brain untouched.
@@ -101,33 +85,11 @@ fn the_model_asks_for_a_tool_the_local_driver_runs_it_and_the_model_answers() {
         asks_for("lookup", json!({"word": "pi"})),
         answers("pi is 3.14")
     ]);
-    let session = create(
-        &brain,
-        with_lookup_tool(script, "cat > input.json; echo found-314"),
-    );
-    let outcome = wait(&session.send(text("what is pi?")).unwrap());
-    assert_eq!(outcome.outcome, OutcomeKind::Completed, "{outcome:?}");
-    let result = outcome.result.expect("a result");
-    assert_eq!(result["text"], "pi is 3.14");
-    assert_eq!(result["model_calls"], 2);
-
-    // The tool ran through the local driver, with the model's input on its stdin.
-    let finished = records(&session, "tool_call_finished");
-    assert_eq!(finished.len(), 1, "{finished:?}");
-    assert_eq!(finished[0].data["outcome"], "ok");
-    assert_eq!(
-        finished[0].data["result"]["content"][0]["text"],
-        "found-314\n"
-    );
-    let started = &records(&session, "tool_call_started")[0];
-    assert_eq!(started.data["name"], "lookup", "{}", started.data);
-    assert_eq!(started.data["environment"], "host");
-    assert_eq!(started.data["input"], json!({"word": "pi"}));
+    let request = with_lookup_tool(script, "cat > input.json; echo found-314");
+    let (session, requests) = a_tool_round_trip(&brain, request);
 
     // The second model call saw the first answer exactly as the model gave it (the native block
     // included), then the tool's result.
-    let requests = model_requests(&session);
-    assert_eq!(requests.len(), 2);
     assert_eq!(
         requests[1]["messages"][1],
         json!({"role": "assistant", "content": [
@@ -249,7 +211,7 @@ fn a_second_message_sees_the_first_exchange() {
 #[test]
 fn a_second_message_sees_the_first_exchange_after_the_idle_worker_was_killed() {
     second_message_sees_the_first("second-killed", |brain, session| {
-        let pid = worker_pid(brain);
+        let pid = worker_pid(brain, "pi");
         kill(pid);
         let status = brain
             .wait_for(WAIT, |s| {
@@ -280,7 +242,7 @@ fn cancel_mid_run_ends_cancelled_within_the_grace() {
     let brain = start_pi("cancel");
     let grace = options("grace").cancel_grace;
     let (session, activation) = blocked_in_a_tool(&brain);
-    let pid = worker_pid(&brain);
+    let pid = worker_pid(&brain, "pi");
     let asked = Instant::now();
     assert!(session.cancel().unwrap().was_running);
     let outcome = wait(&activation);
@@ -289,7 +251,7 @@ fn cancel_mid_run_ends_cancelled_within_the_grace() {
     assert_eq!(outcome.error.as_ref().unwrap().code.as_str(), "cancelled");
     assert!(took < grace, "cancel took {took:?}, the grace is {grace:?}");
     // The adapter answered by itself: Brain did not have to kill it.
-    assert_eq!(worker_pid(&brain), pid);
+    assert_eq!(worker_pid(&brain, "pi"), pid);
     assert_eq!(brain.status().worker("pi", 0).unwrap().restarts, 0);
     // No further model call started after the cancel.
     assert_eq!(model_requests(&session).len(), 1);
@@ -307,7 +269,7 @@ fn a_fatal_callback_error_stops_the_turn_promptly_with_no_further_callback() {
 fn the_adapter_killed_mid_run_leaves_the_session_interrupted() {
     let brain = start_pi("killed");
     let (session, activation) = blocked_in_a_tool(&brain);
-    kill(worker_pid(&brain));
+    kill(worker_pid(&brain, "pi"));
     let outcome = wait(&activation);
     assert_eq!(outcome.outcome, OutcomeKind::Failed, "{outcome:?}");
     assert_eq!(outcome.error.as_ref().unwrap().code.as_str(), "worker_lost");

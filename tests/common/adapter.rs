@@ -372,3 +372,68 @@ pub fn assert_a_fatal_error_stops_the_turn(
     super::assert_interrupted(&session, activation.sequence());
     session
 }
+
+/// The pid of `registration`'s first worker, which must be running.
+pub fn worker_pid(brain: &Brain, registration: &str) -> u32 {
+    brain
+        .status()
+        .worker(registration, 0)
+        .and_then(|worker| worker.pid)
+        .expect("a running worker")
+}
+
+/// The names of the tools a journaled model request offered.
+pub fn offered(request: &Value) -> Vec<String> {
+    request["tools"]
+        .as_array()
+        .expect("the adapter names the tools it offers")
+        .iter()
+        .map(|tool| tool["name"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+/// A session of `agentloop` with one tool, `lookup`, that the `local` driver runs as `shell`, and
+/// the scripted model answering `script_for_model`.
+pub fn lookup_request(agentloop: &str, script_for_model: Value, shell: &str) -> Value {
+    json!({
+        "agentloop": {"name": agentloop},
+        "model": model(Some(script_for_model)),
+        "tools": [{"name": "lookup", "description": "Look a word up",
+                   "input_schema": {"type": "object", "properties": {"word": {"type": "string"}}},
+                   "placements": ["host"]}],
+        "environments": [{"name": "host", "driver": "local", "configuration": {
+            "tools": {"lookup": {"command": ["/bin/sh", "-c", shell]}}}}],
+    })
+}
+
+/// A turn of `request` (a [`lookup_request`] whose model asks for `lookup` with `{"word": "pi"}`,
+/// the tool printing `found-314`, then answers `pi is 3.14`): it completes after two model calls,
+/// and the tool ran once through Brain with the model's input. The session and its journaled
+/// model requests, for the suite's own checks of what its upstream sent.
+pub fn a_tool_round_trip(brain: &Brain, request: Value) -> (Session, Vec<Value>) {
+    let session = create(brain, request);
+    let outcome = wait(&session.send(text("what is pi?")).unwrap());
+    assert_eq!(
+        outcome.outcome,
+        brain::OutcomeKind::Completed,
+        "{outcome:?}"
+    );
+    let result = outcome.result.expect("a result");
+    assert_eq!(result["text"], "pi is 3.14");
+    assert_eq!(result["model_calls"], 2);
+    // The tool ran through the local driver, with the model's input.
+    let finished = records(&session, "tool_call_finished");
+    assert_eq!(finished.len(), 1, "{finished:?}");
+    assert_eq!(finished[0].data["outcome"], "ok");
+    assert_eq!(
+        finished[0].data["result"]["content"][0]["text"],
+        "found-314\n"
+    );
+    let started = &records(&session, "tool_call_started")[0];
+    assert_eq!(started.data["name"], "lookup", "{}", started.data);
+    assert_eq!(started.data["environment"], "host");
+    assert_eq!(started.data["input"], json!({"word": "pi"}));
+    let requests = model_requests(&session);
+    assert_eq!(requests.len(), 2);
+    (session, requests)
+}
