@@ -6,7 +6,7 @@
 mod common;
 
 use brain::session::CreateSession;
-use brain::{Activation, Brain, Options, OutcomeKind, Registration, Session};
+use brain::{Activation, Brain, OutcomeKind, Registration, Session};
 use brain::{SessionStatus, WorkerState};
 use common::adapter::*;
 use common::*;
@@ -14,40 +14,20 @@ use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-/// The checkout, where `examples/codex.json` and `adapters/codex` live.
-const ROOT: &str = env!("CARGO_MANIFEST_DIR");
-
 /// The adapter's registration, after checking that its dependencies are installed.
 fn codex() -> Registration {
-    let installed = Path::new(ROOT).join("adapters/codex/node_modules/@openai/codex/package.json");
-    assert!(
-        installed.is_file(),
-        "{} is missing: run `npm ci` in adapters/codex (scripts/test does)",
-        installed.display()
-    );
-    // Every test runs the worker under bubblewrap (issue 24): the adapter and its Codex processes
-    // need nothing outside the registration's state root.
-    Registration::new("codex", "node")
-        .args([format!("{ROOT}/adapters/codex/harness.mjs")])
-        .sandbox(true)
+    adapter_registration("codex", "@openai/codex/package.json")
 }
 
 /// Brain's cancel grace in these tests: the protocol's 5 s.
 const GRACE: Duration = Duration::from_secs(5);
-
-fn options(tag: &str) -> Options {
-    let mut options = fast_options(tag);
-    options.init_deadline = Duration::from_secs(30);
-    options.cancel_grace = GRACE;
-    options
-}
 
 fn start_codex(tag: &str) -> Running {
     start_codex_with(tag, codex())
 }
 
 fn start_codex_with(tag: &str, registration: Registration) -> Running {
-    Running::start(vec![registration], options(tag))
+    Running::start(vec![registration], adapter_options(tag))
 }
 
 /// Blocks until the session's journal holds a record of `kind` (bounded by WAIT).
@@ -162,9 +142,7 @@ fn a_text_turn_completes_with_codex_s_answer_and_the_session_s_system_prompt() {
         json!({"agentloop": {"name": "codex"}, "model": model(Some(json!([answers("hello there")]))),
                "system": "You are terse."}),
     );
-    let outcome = wait(&session.send(text("hi")).unwrap());
-    assert_eq!(outcome.outcome, OutcomeKind::Completed, "{outcome:?}");
-    let result = outcome.result.expect("a result");
+    let result = a_completed_turn(&session, "hi");
     assert_eq!(result["text"], "hello there");
     assert_eq!(result["model_calls"], 1);
 
@@ -472,8 +450,7 @@ fn a_tool_the_session_did_not_admit_is_never_offered_nor_run() {
         answers("ok")
     ]);
     let session = create(&brain, with_lookup_tool(script, "echo found"));
-    let outcome = wait(&session.send(text("run something")).unwrap());
-    assert_eq!(outcome.outcome, OutcomeKind::Completed, "{outcome:?}");
+    a_completed_turn(&session, "run something");
     let requests = model_requests(&session);
     assert_eq!(requests.len(), 2);
     for request in &requests {
@@ -513,7 +490,11 @@ fn a_failing_model_call_fails_the_run_with_its_code_after_exactly_one_call() {
 
 #[test]
 fn a_fatal_callback_error_stops_the_turn_promptly_with_no_further_callback() {
-    let brain = Running::start_with(vec![codex()], options("codex-fatal"), fatal_second_call());
+    let brain = Running::start_with(
+        vec![codex()],
+        adapter_options("codex-fatal"),
+        fatal_second_call(),
+    );
     let script = json!([asks_for("lookup", json!({"word": "pi"})), answers("never")]);
     assert_a_fatal_error_stops_the_turn(
         &brain,
@@ -528,16 +509,8 @@ fn a_small_context_window_makes_codex_compact_through_brain_and_the_turn_complet
     let brain = start_codex("compaction");
     // The first answer reports more input tokens than the window leaves before compaction
     // (4,000 - 1,000 for output): Codex summarises through the gateway, then goes on.
-    let mut asks = asks_for("lookup", json!({"word": "pi"}));
-    asks["usage"] = json!({"input_tokens": 3500, "output_tokens": 10});
-    let script = json!([asks, answers("SUMMARY-OF-THE-WORK"), answers("done")]);
-    let mut request = with_lookup_tool(script, "echo found-314");
-    request["model"]["context_window"] = json!(4000);
-    request["model"]["max_output_tokens"] = json!(1000);
-    let session = create(&brain, request);
-    let outcome = wait(&session.send(text("what is pi?")).unwrap());
-    assert_eq!(outcome.outcome, OutcomeKind::Completed, "{outcome:?}");
-    assert_eq!(outcome.result.expect("a result")["text"], "done");
+    let asks = asks_for("lookup", json!({"word": "pi"}));
+    let (session, _) = a_compacting_turn(&brain, "codex", asks);
 
     let requests = model_requests(&session);
     assert_eq!(requests.len(), 3);
@@ -597,8 +570,7 @@ fn deleting_the_session_removes_its_codex_home() {
         &brain,
         json!({"agentloop": {"name": "codex"}, "model": model(None)}),
     );
-    let outcome = wait(&session.send(text("hi")).unwrap());
-    assert_eq!(outcome.outcome, OutcomeKind::Completed, "{outcome:?}");
+    a_completed_turn(&session, "hi");
     let state_dir = session.info().unwrap().state_dir;
     let home = state_dir.join("codex");
     assert!(home.join("sessions").is_dir());

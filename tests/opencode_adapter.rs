@@ -12,7 +12,7 @@ mod containment;
 mod gateway;
 
 use brain::SessionStatus;
-use brain::{Brain, Options, OutcomeKind, Registration, Session};
+use brain::{Brain, OutcomeKind, Registration, Session};
 use common::adapter::*;
 use common::*;
 use serde_json::{Value, json};
@@ -24,29 +24,11 @@ const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
 /// The adapter's registration, after checking that its dependencies are installed.
 fn opencode() -> Registration {
-    let installed =
-        Path::new(ROOT).join("adapters/opencode/node_modules/opencode-linux-x64/package.json");
-    assert!(
-        installed.is_file(),
-        "{} is missing: run `npm ci` in adapters/opencode (scripts/test does)",
-        installed.display()
-    );
-    // Every test runs the worker under bubblewrap (issue 24): the adapter and its OpenCode
-    // processes need nothing outside the registration's state root.
-    Registration::new("opencode", "node")
-        .args([format!("{ROOT}/adapters/opencode/harness.mjs")])
-        .sandbox(true)
-}
-
-fn options(tag: &str) -> Options {
-    let mut options = fast_options(tag);
-    options.init_deadline = Duration::from_secs(30);
-    options.cancel_grace = Duration::from_secs(5);
-    options
+    adapter_registration("opencode", "opencode-linux-x64/package.json")
 }
 
 fn start_opencode(tag: &str) -> Running {
-    Running::start(vec![opencode()], options(tag))
+    Running::start(vec![opencode()], adapter_options(tag))
 }
 
 /// The session's user and assistant texts of a model request (role, texts).
@@ -81,9 +63,7 @@ fn a_text_turn_completes_with_opencode_s_answer() {
         json!({"agentloop": {"name": "opencode"}, "model": model(Some(json!([answers("hello there")]))),
                "system": "You are terse."}),
     );
-    let outcome = wait(&session.send(text("hi")).unwrap());
-    assert_eq!(outcome.outcome, OutcomeKind::Completed, "{outcome:?}");
-    let result = outcome.result.expect("a result");
+    let result = a_completed_turn(&session, "hi");
     assert_eq!(result["text"], "hello there");
     assert_eq!(result["model_calls"], 1);
 
@@ -339,8 +319,7 @@ fn close_stops_the_session_s_opencode_server() {
         &brain,
         json!({"agentloop": {"name": "opencode"}, "model": model(None)}),
     );
-    let outcome = wait(&session.send(text("hi")).unwrap());
-    assert_eq!(outcome.outcome, OutcomeKind::Completed, "{outcome:?}");
+    a_completed_turn(&session, "hi");
     let state_dir = session.info().unwrap().state_dir;
     let pids = opencode_processes(&state_dir);
     assert_eq!(
@@ -432,8 +411,7 @@ fn deleting_the_session_removes_all_of_opencode_s_state() {
         &brain,
         json!({"agentloop": {"name": "opencode"}, "model": model(None)}),
     );
-    let outcome = wait(&session.send(text("hi")).unwrap());
-    assert_eq!(outcome.outcome, OutcomeKind::Completed, "{outcome:?}");
+    a_completed_turn(&session, "hi");
     let state_dir = session.info().unwrap().state_dir;
     let native = state_dir.join("opencode");
     assert!(native.join("session.json").is_file());
@@ -452,17 +430,8 @@ fn a_small_context_window_makes_opencode_compact_through_brain_and_the_turn_comp
     // min(20,000, output): 4,000 - 1,000 - 1,000 here. The first answer reports 3,500 input
     // tokens, so after its tool call OpenCode summarises the history through the gateway, then
     // goes on from the summary with a synthetic "Continue" message.
-    let mut asks = asks_for("lookup", json!({"word": "pi"}));
-    asks["usage"] = json!({"input_tokens": 3500, "output_tokens": 10});
-    let script = json!([asks, answers("SUMMARY-OF-THE-WORK"), answers("done")]);
-    let mut request = with_lookup_tool(script, "echo found-314");
-    request["model"]["context_window"] = json!(4000);
-    request["model"]["max_output_tokens"] = json!(1000);
-    let session = create(&brain, request);
-    let outcome = wait(&session.send(text("what is pi?")).unwrap());
-    assert_eq!(outcome.outcome, OutcomeKind::Completed, "{outcome:?}");
-    let result = outcome.result.expect("a result");
-    assert_eq!(result["text"], "done");
+    let asks = asks_for("lookup", json!({"word": "pi"}));
+    let (session, result) = a_compacting_turn(&brain, "opencode", asks);
     assert_eq!(result["model_calls"], 3);
 
     // Every model call, the compaction's too, was a Brain model call.
@@ -553,9 +522,7 @@ fn a_tool_the_session_did_not_admit_is_never_offered_nor_run() {
         answers("ok")
     ]);
     let session = create(&brain, with_lookup_tool(script, "echo found"));
-    let outcome = wait(&session.send(text("run something")).unwrap());
-    assert_eq!(outcome.outcome, OutcomeKind::Completed, "{outcome:?}");
-    assert_eq!(outcome.result.expect("a result")["text"], "ok");
+    assert_eq!(a_completed_turn(&session, "run something")["text"], "ok");
     let requests = model_requests(&session);
     assert_eq!(requests.len(), 2, "{requests:#?}");
     for request in &requests {

@@ -6,7 +6,7 @@ mod common;
 
 use brain::protocol::harness::UserInput;
 use brain::session::CreateSession;
-use brain::{Activation, Brain, Options, OutcomeKind, Registration, Session};
+use brain::{Activation, Brain, OutcomeKind, Registration, Session};
 use brain::{SessionStatus, WorkerState};
 use common::adapter::*;
 use common::*;
@@ -19,29 +19,11 @@ const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
 /// The adapter's registration, after checking that its dependencies are installed.
 fn pi() -> Registration {
-    let installed = Path::new(ROOT).join("adapters/pi/node_modules/@mariozechner/pi-coding-agent");
-    assert!(
-        installed.is_dir(),
-        "{} is missing: run `npm ci` in adapters/pi (scripts/test does)",
-        installed.display()
-    );
-    // Every test runs the worker under bubblewrap (issue 24): Pi needs nothing outside its
-    // registration's state root.
-    Registration::new("pi", "node")
-        .args([format!("{ROOT}/adapters/pi/harness.mjs")])
-        .sandbox(true)
-}
-
-fn options(tag: &str) -> Options {
-    let mut options = fast_options(tag);
-    // Node and Pi take a few seconds to start on a loaded machine.
-    options.init_deadline = Duration::from_secs(30);
-    options.cancel_grace = Duration::from_secs(5);
-    options
+    adapter_registration("pi", "@mariozechner/pi-coding-agent")
 }
 
 fn start_pi(tag: &str) -> Brain {
-    start(vec![pi()], options(tag))
+    start(vec![pi()], adapter_options(tag))
 }
 
 /// Blocks until the session's journal holds a record of `kind` (bounded by WAIT).
@@ -240,7 +222,7 @@ fn blocked_in_a_tool(brain: &Brain) -> (Session, Activation) {
 #[test]
 fn cancel_mid_run_ends_cancelled_within_the_grace() {
     let brain = start_pi("cancel");
-    let grace = options("grace").cancel_grace;
+    let grace = adapter_options("grace").cancel_grace;
     let (session, activation) = blocked_in_a_tool(&brain);
     let pid = worker_pid(&brain, "pi");
     let asked = Instant::now();
@@ -260,7 +242,7 @@ fn cancel_mid_run_ends_cancelled_within_the_grace() {
 
 #[test]
 fn a_fatal_callback_error_stops_the_turn_promptly_with_no_further_callback() {
-    let brain = Running::start_with(vec![pi()], options("pi-fatal"), fatal_second_call());
+    let brain = Running::start_with(vec![pi()], adapter_options("pi-fatal"), fatal_second_call());
     let script = json!([asks_for("lookup", json!({"word": "pi"})), answers("never")]);
     assert_a_fatal_error_stops_the_turn(&brain, "pi", with_lookup_tool(script, "echo found-314"));
 }
@@ -280,40 +262,10 @@ fn the_adapter_killed_mid_run_leaves_the_session_interrupted() {
 fn unknown_configuration_keys_and_missing_model_metadata_are_refused_at_creation() {
     let brain = start_pi("refusals");
     let parse = |request: Value| CreateSession::parse(request.to_string().as_bytes()).unwrap();
-
-    let unknown = brain
-        .create_session(parse(json!({
-            "agentloop": {"name": "pi", "configuration": {"temprature": 0.2}},
-            "model": model(None)})))
-        .unwrap_err();
-    assert_eq!(unknown.code.as_str(), "invalid_configuration");
-    assert!(
-        unknown.message.contains("temprature"),
-        "{}",
-        unknown.message
-    );
-    assert!(
-        unknown.message.contains("compaction"),
-        "{}",
-        unknown.message
-    );
-
-    let missing = brain
-        .create_session(parse(json!({
-            "agentloop": {"name": "pi"},
-            "model": {"provider": "scripted", "name": "default", "context_window": 1000}})))
-        .unwrap_err();
-    assert_eq!(missing.code.as_str(), "missing_model_metadata");
-    assert!(
-        missing.message.contains("max_output_tokens"),
-        "{}",
-        missing.message
-    );
-    assert!(
-        !missing.message.contains("context_window"),
-        "{}",
-        missing.message
-    );
+    let (unknown, missing) = assert_creation_refusals(&brain, "pi");
+    // The refusal names the keys Pi does take, and only the metadata that is missing.
+    assert!(unknown.contains("compaction"), "{unknown}");
+    assert!(!missing.contains("context_window"), "{missing}");
 
     let defaulted = brain
         .create_session(parse(json!({"agentloop": {"name": "pi"}})))
@@ -358,8 +310,7 @@ fn a_tool_the_session_did_not_admit_is_never_offered_nor_run() {
         answers("ok")
     ]);
     let session = create(&brain, with_lookup_tool(script, "echo found"));
-    let outcome = wait(&session.send(text("run something")).unwrap());
-    assert_eq!(outcome.outcome, OutcomeKind::Completed, "{outcome:?}");
+    a_completed_turn(&session, "run something");
     let requests = model_requests(&session);
     assert_eq!(requests.len(), 2);
     for request in &requests {
@@ -399,8 +350,7 @@ fn a_session_tool_named_like_a_pi_builtin_runs_through_brain() {
                 "tools": {"read": {"command": ["/bin/sh", "-c", "echo from-brain"]}}}}],
         }),
     );
-    let outcome = wait(&session.send(text("read the hostname")).unwrap());
-    assert_eq!(outcome.outcome, OutcomeKind::Completed, "{outcome:?}");
+    a_completed_turn(&session, "read the hostname");
     let requests = model_requests(&session);
     // Offered with the session's declaration, not Pi's.
     assert_eq!(
@@ -424,8 +374,7 @@ fn a_session_created_with_a_transcript_continues_from_it() {
         &brain,
         json!({"agentloop": {"name": "pi"}, "model": model(None), "transcript": imported}),
     );
-    let outcome = wait(&session.send(text("what is my name?")).unwrap());
-    assert_eq!(outcome.outcome, OutcomeKind::Completed, "{outcome:?}");
+    a_completed_turn(&session, "what is my name?");
     let mut expected = imported.as_array().unwrap().clone();
     expected
         .push(json!({"role": "user", "content": [{"type": "text", "text": "what is my name?"}]}));
@@ -471,7 +420,7 @@ fn pi_sandboxed_runs_a_sandboxed_tool_and_keeps_its_state_beneath_its_registrati
     let registrations =
         brain::Registrations::from_vec(vec![pi().sandbox(true)]).expect("valid registrations");
     let mut config = brain::Config::new(registrations);
-    config.options = options("pi-sandboxed");
+    config.options = adapter_options("pi-sandboxed");
     let sandbox = brain::effects::SandboxDriver::probe().unwrap_or_else(|why| {
         panic!("bubblewrap must sandbox here (scripts/test installs it): {why}")
     });
@@ -488,9 +437,10 @@ fn pi_sandboxed_runs_a_sandboxed_tool_and_keeps_its_state_beneath_its_registrati
     let mut request = with_lookup_tool(script, "cat > input.json; pwd; ls ..");
     request["environments"][0]["driver"] = json!("sandbox");
     let session = create(&brain, request);
-    let outcome = wait(&session.send(text("what is pi?")).unwrap());
-    assert_eq!(outcome.outcome, OutcomeKind::Completed, "{outcome:?}");
-    assert_eq!(outcome.result.expect("a result")["text"], "pi is 3.14");
+    assert_eq!(
+        a_completed_turn(&session, "what is pi?")["text"],
+        "pi is 3.14"
+    );
     // The tool ran in its workspace at the sandbox's fixed path, seeing nothing beside it.
     let finished = records(&session, "tool_call_finished");
     assert_eq!(finished[0].data["outcome"], "ok", "{:?}", finished[0].data);

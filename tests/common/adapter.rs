@@ -216,10 +216,11 @@ pub fn brain_run_example(adapter: &str, tag: &str, offline: bool) {
     );
 }
 
-/// The refusals of a text-only adapter that starts from native state and requires the model's
-/// limits: an unknown configuration key, missing metadata and an imported transcript at creation,
-/// media at send. Returns the valid session it created for the last check.
-pub fn assert_text_only_refusals(brain: &Brain, adapter: &str) -> Session {
+/// The creation refusals of an adapter that requires the model's limits: an unknown
+/// configuration key (`invalid_configuration`) and a model without `max_output_tokens`
+/// (`missing_model_metadata`), each naming what was wrong. Their messages, for the suite's own
+/// checks.
+pub fn assert_creation_refusals(brain: &Brain, adapter: &str) -> (String, String) {
     let parse = |request: Value| CreateSession::parse(request.to_string().as_bytes()).unwrap();
     let unknown = brain
         .create_session(parse(json!({
@@ -244,8 +245,15 @@ pub fn assert_text_only_refusals(brain: &Brain, adapter: &str) -> Session {
         "{}",
         missing.message
     );
+    (unknown.message, missing.message)
+}
 
-    // Text only, starting from native state: an imported transcript and media are refused.
+/// The refusals of a text-only adapter that starts from native state and requires the model's
+/// limits: [`assert_creation_refusals`], and an imported transcript at creation and media at
+/// send (`unsupported_input`). Returns the valid session it created for the last check.
+pub fn assert_text_only_refusals(brain: &Brain, adapter: &str) -> Session {
+    assert_creation_refusals(brain, adapter);
+    let parse = |request: Value| CreateSession::parse(request.to_string().as_bytes()).unwrap();
     let imported = brain
         .create_session(parse(json!({
             "agentloop": {"name": adapter}, "model": model(None),
@@ -412,13 +420,7 @@ pub fn lookup_request(agentloop: &str, script_for_model: Value, shell: &str) -> 
 /// model requests, for the suite's own checks of what its upstream sent.
 pub fn a_tool_round_trip(brain: &Brain, request: Value) -> (Session, Vec<Value>) {
     let session = create(brain, request);
-    let outcome = wait(&session.send(text("what is pi?")).unwrap());
-    assert_eq!(
-        outcome.outcome,
-        brain::OutcomeKind::Completed,
-        "{outcome:?}"
-    );
-    let result = outcome.result.expect("a result");
+    let result = a_completed_turn(&session, "what is pi?");
     assert_eq!(result["text"], "pi is 3.14");
     assert_eq!(result["model_calls"], 2);
     // The tool ran through the local driver, with the model's input.
@@ -436,4 +438,62 @@ pub fn a_tool_round_trip(brain: &Brain, request: Value) -> (Session, Vec<Value>)
     let requests = model_requests(&session);
     assert_eq!(requests.len(), 2);
     (session, requests)
+}
+
+/// The registration of the adapter in `adapters/<name>`, run sandboxed (issue 24: an adapter and
+/// its upstream need nothing outside the registration's state root), after checking that its
+/// dependencies are installed: `installed` is a path beneath its `node_modules`.
+pub fn adapter_registration(name: &str, installed: &str) -> Registration {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let installed = Path::new(root)
+        .join("adapters")
+        .join(name)
+        .join("node_modules")
+        .join(installed);
+    assert!(
+        installed.exists(),
+        "{} is missing: run `npm ci` in adapters/{name} (scripts/test does)",
+        installed.display()
+    );
+    Registration::new(name, "node")
+        .args([format!("{root}/adapters/{name}/harness.mjs")])
+        .sandbox(true)
+}
+
+/// Options for the adapters' tests: short deadlines, but 30 s for a worker's `initialize` (node
+/// and the upstream take a few seconds to start on a loaded machine) and the protocol's 5 s
+/// cancel grace.
+pub fn adapter_options(tag: &str) -> Options {
+    let mut options = super::fast_options(tag);
+    options.init_deadline = Duration::from_secs(30);
+    options.cancel_grace = Duration::from_secs(5);
+    options
+}
+
+/// A turn of `agentloop` in a 4,000-token window with 1,000 for output, whose first answer
+/// (`asks`, a call of `lookup`) reports 3,500 input tokens, more than the window leaves: the
+/// upstream compacts through Brain (the scripted model's second answer is the summary,
+/// `SUMMARY-OF-THE-WORK`) and the turn completes with the third, `done`. The session and the
+/// run's result.
+pub fn a_compacting_turn(brain: &Brain, agentloop: &str, mut asks: Value) -> (Session, Value) {
+    asks["usage"] = json!({"input_tokens": 3500, "output_tokens": 10});
+    let script = json!([asks, answers("SUMMARY-OF-THE-WORK"), answers("done")]);
+    let mut request = lookup_request(agentloop, script, "echo found-314");
+    request["model"]["context_window"] = json!(4000);
+    request["model"]["max_output_tokens"] = json!(1000);
+    let session = create(brain, request);
+    let result = a_completed_turn(&session, "what is pi?");
+    assert_eq!(result["text"], "done");
+    (session, result)
+}
+
+/// Sends `said` and waits for the turn, which must complete; its result.
+pub fn a_completed_turn(session: &Session, said: &str) -> Value {
+    let outcome = wait(&session.send(text(said)).unwrap());
+    assert_eq!(
+        outcome.outcome,
+        brain::OutcomeKind::Completed,
+        "{outcome:?}"
+    );
+    outcome.result.expect("a result")
 }

@@ -163,7 +163,7 @@ fn a_turn_with_a_tool_call_writes_nothing_outside_state_dir() {
         .args(args)
         .cwd(&cwd)
         .sandbox(false);
-    let mut options = options("unused");
+    let mut options = adapter_options("unused");
     let unused = options.data_dir.parent().unwrap().to_path_buf();
     let _ = std::fs::remove_dir_all(unused);
     options.data_dir = repository.join("data");
@@ -177,8 +177,7 @@ fn a_turn_with_a_tool_call_writes_nothing_outside_state_dir() {
         answers("pi is 3.14")
     ]);
     let session = create(&brain, with_lookup_tool(script, "echo found-314"));
-    let outcome = wait(&session.send(text("what is pi?")).unwrap());
-    assert_eq!(outcome.outcome, OutcomeKind::Completed, "{outcome:?}");
+    a_completed_turn(&session, "what is pi?");
     assert_eq!(records(&session, "tool_call_finished").len(), 1);
     let state_dir = session.info().unwrap().state_dir;
     // The control: OpenCode runs with the test's /tmp, and with its workspace as its project.

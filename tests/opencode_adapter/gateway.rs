@@ -32,8 +32,7 @@ fn opaque_provider_blocks_come_back_byte_for_byte() {
         .insert(0, opaque());
     let script = json!([asks, answers("pi is 3.14")]);
     let session = create(&brain, with_lookup_tool(script, "echo found-314"));
-    let outcome = wait(&session.send(text("what is pi?")).unwrap());
-    assert_eq!(outcome.outcome, OutcomeKind::Completed, "{outcome:?}");
+    a_completed_turn(&session, "what is pi?");
 
     // The second request holds the first answer exactly as the model gave it: the opaque block,
     // in its place, then the text and the tool call (OpenCode's copy of that message holds only
@@ -121,7 +120,10 @@ fn the_gateway_streams_text_and_tool_calls_as_chat_completions_chunks_without_in
     // Unsandboxed, so that the test can reach the gateway (a sandboxed worker has a network
     // namespace of its own). While OpenCode waits in a tool call, the test sends the gateway two
     // streamed requests of its own, then lets the tool finish and the turn complete.
-    let brain = Running::start(vec![opencode().sandbox(false)], options("oc-stream"));
+    let brain = Running::start(
+        vec![opencode().sandbox(false)],
+        adapter_options("oc-stream"),
+    );
     let go = temp_dir("oc-stream-go").join("go");
     let scratch = Scratch(go.parent().unwrap().to_path_buf());
     let shell = format!(
@@ -248,7 +250,11 @@ fn the_gateway_streams_text_and_tool_calls_as_chat_completions_chunks_without_in
 
 #[test]
 fn a_fatal_callback_error_stops_the_turn_promptly_with_no_further_callback() {
-    let brain = Running::start_with(vec![opencode()], options("oc-fatal"), fatal_second_call());
+    let brain = Running::start_with(
+        vec![opencode()],
+        adapter_options("oc-fatal"),
+        fatal_second_call(),
+    );
     // The first call asks for the tool; the second, after the tool's result, fails fatally.
     let script = json!([
         asks_for("lookup", json!({"word": "pi"})),
