@@ -39,9 +39,15 @@ impl CreateKeys {
         }
     }
 
-    /// Forgets the key of a deleted session.
-    pub(crate) fn forget(&mut self, session: &SessionId) {
-        self.keys.retain(|_, (holder, _)| holder != session);
+    /// Forgets `key`, the create key of `session`, which is being deleted.
+    pub(crate) fn forget(&mut self, key: &str, session: &SessionId) {
+        if self
+            .keys
+            .get(key)
+            .is_some_and(|(holder, _)| holder == session)
+        {
+            self.keys.remove(key);
+        }
     }
 }
 
@@ -68,6 +74,25 @@ pub(crate) enum Repeat {
 }
 
 impl Dispatcher {
+    /// The key session `id` was created with, read back from its `session_created` record, for
+    /// [`CreateKeys::forget`] once its deletion went through; `None` without reading anything when
+    /// no session has one.
+    pub(crate) fn create_key_of(&self, id: &SessionId) -> Option<String> {
+        if self.create_keys.keys.is_empty() {
+            return None;
+        }
+        let mut keyed = None;
+        let inspected = self.journal.inspect(id, &mut |view| {
+            keyed = serde_json::from_str::<Value>(&view.created)
+                .ok()
+                .and_then(|created| Keyed::from_record(&created));
+        });
+        if let Err(error) = inspected {
+            log::warn!("session {id}: its create key could not be read back: {error}");
+        }
+        keyed.map(|keyed| keyed.key)
+    }
+
     /// The activation an earlier send with `keyed`'s key admitted in session `id`, if any. Refuses
     /// the key when it came with another request.
     pub(crate) fn repeated_send(

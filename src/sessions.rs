@@ -1791,8 +1791,11 @@ impl Dispatcher {
                 format!("session {id} is {status:?}; close it before deleting it"),
             ));
         }
+        let create_key = self.create_key_of(id);
         self.journal.delete(id).map_err(journal_error)?;
-        self.create_keys.forget(id);
+        if let Some(key) = create_key {
+            self.create_keys.forget(&key, id);
+        }
         if status == SessionStatus::Interrupted {
             self.send_close(id, CloseReason::Deleted);
         }
