@@ -432,17 +432,19 @@ impl Dispatcher {
         if let Some(keyed) = &key {
             match self.create_keys.find(keyed) {
                 Err(error) => return reply.deliver(Err(error)),
-                // The first create's records may not be durable yet: answer once they are.
+                // The first create's records (its imported transcript too) may not be durable
+                // yet: answer once every record the session has so far is.
                 Ok(Some(created)) => {
                     self.ensure_loaded(&created);
-                    return self.when_durable(
-                        &created.clone(),
-                        1,
-                        DurableToken::Created {
-                            session: created,
-                            reply,
-                        },
-                    );
+                    let mut last = 0;
+                    let _ = self
+                        .journal
+                        .inspect(&created, &mut |view| last = view.last_sequence);
+                    let token = DurableToken::Created {
+                        session: created.clone(),
+                        reply,
+                    };
+                    return self.when_durable(&created, last.max(1), token);
                 }
                 Ok(None) => {}
             }
