@@ -402,7 +402,6 @@ impl Brain {
                 .zip(&queues)
                 .map(|((registration, program), queues)| (registration, program, queues.clone()))
                 .collect(),
-            internal_tx.clone(),
             options.clone(),
             events_tx,
             timer.clone(),
@@ -427,6 +426,7 @@ impl Brain {
             timer,
             options: options.clone(),
             stopping: None,
+            feeding: Default::default(),
             pending_runs: Default::default(),
             metrics: metrics.clone(),
         };

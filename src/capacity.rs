@@ -2,11 +2,13 @@
 //!
 //! Each worker slot has one [`CapacityQueue`]. The dispatcher pushes admitted activations, removes
 //! cancelled ones, opens the queue while the slot is healthy and closes it while it respawns, and
-//! releases a unit of capacity when a run ends. It also sends the lines for the slot's current
-//! process here: written at once when nothing is queued and the writer is idle, queued otherwise.
-//! The process's writer thread (`brain-w:<reg>/<slot>-write`) is the slot's feeder: it waits on
-//! the condvar until it has lines to write, or the queue is open, a unit of capacity is free and an
-//! activation waits, in which case it takes the head and hands it to the dispatcher.
+//! releases a unit of capacity when a run ends; after each of these it takes what may start now
+//! ([`CapacityQueue::take`]) itself, so that starting an activation costs no thread hand-off
+//! (when the process's writer fed the dispatcher, each activation woke the writer and then the
+//! dispatcher again: two of a text turn's ≈17 wake-ups, docs/BENCHMARKS.md). The dispatcher also
+//! sends the lines for the slot's current process here: written at once when nothing is queued
+//! and the writer is idle, queued otherwise, for the process's writer thread
+//! (`brain-w:<reg>/<slot>-write`), which waits on the condvar until it has lines to write.
 //! No thread exists per activation or per slot beyond the process's own; a waiting activation is
 //! an entry in a deque.
 
@@ -44,10 +46,11 @@ struct State<T> {
 /// A FIFO of activations waiting for capacity on one worker slot, and the lines waiting for the
 /// slot's process.
 ///
-/// Guarantees: entries leave in the order they were pushed; at most `limit` taken entries are
-/// outstanding (taken and not yet released); an entry removed with [`CapacityQueue::remove`] is
-/// never taken; lines are written in the order they were sent, and only to the incarnation they
-/// were sent for. The lock is held only for deque operations, never across a blocking call.
+/// Guarantees: entries leave in the order they were pushed, only while the queue is open; at most
+/// `limit` taken entries are outstanding (taken and not yet released); an entry removed with
+/// [`CapacityQueue::remove`] is never taken; lines are written in the order they were sent, and
+/// only to the incarnation they were sent for. The lock is held only for deque operations, never
+/// across a blocking call.
 #[derive(Debug)]
 pub(crate) struct CapacityQueue<T> {
     state: Mutex<State<T>>,
@@ -86,15 +89,24 @@ impl<T: PartialEq> CapacityQueue<T> {
             return Err(Full);
         }
         state.waiting.push_back(item);
-        drop(state);
-        self.changed.notify_all();
         Ok(())
     }
 
     /// Puts an entry back at the head (it was taken while the slot went down), ignoring the bound.
     pub(crate) fn push_front(&self, item: T) {
         self.state.lock().waiting.push_front(item);
-        self.changed.notify_all();
+    }
+
+    /// Takes the oldest waiting entry when the queue is open and a unit of capacity is free,
+    /// counting it as running until [`release`](Self::release).
+    pub(crate) fn take(&self) -> Option<T> {
+        let mut state = self.state.lock();
+        if !state.open || state.stopped || state.running >= state.limit {
+            return None;
+        }
+        let item = state.waiting.pop_front()?;
+        state.running += 1;
+        Some(item)
     }
 
     /// Removes a waiting entry; `false` when it is not waiting (already taken, or never pushed).
@@ -107,19 +119,16 @@ impl<T: PartialEq> CapacityQueue<T> {
         true
     }
 
-    /// Gives back one unit of capacity taken by the writer.
+    /// Gives back one unit of capacity taken with [`take`](Self::take).
     pub(crate) fn release(&self) {
         let mut state = self.state.lock();
         state.running = state.running.saturating_sub(1);
-        drop(state);
-        self.changed.notify_all();
     }
 
     /// Opens (the slot is healthy) or closes (it is not) the queue; entries keep waiting while it
     /// is closed.
     pub(crate) fn set_open(&self, open: bool) {
         self.state.lock().open = open;
-        self.changed.notify_all();
     }
 
     /// Removes and returns every waiting entry, in order.
@@ -217,14 +226,8 @@ impl<T: PartialEq> CapacityQueue<T> {
 
     /// For the writer of incarnation `generation`: blocks until it has lines to write (returned,
     /// oldest first) or must stop (`None`: stopped, stdin closed and written out, or a newer
-    /// incarnation took over). Meanwhile, whenever the queue is open, a unit of capacity is free
-    /// and an entry waits, it takes the head, counts it as running and gives it to `feed` (called
-    /// without the lock held).
-    pub(crate) fn next_for_writer(
-        &self,
-        generation: u64,
-        feed: &mut dyn FnMut(T),
-    ) -> Option<Vec<Vec<u8>>> {
+    /// incarnation took over).
+    pub(crate) fn next_for_writer(&self, generation: u64) -> Option<Vec<Vec<u8>>> {
         let mut state = self.state.lock();
         if state.writer == generation {
             // Back here, the writer has written and flushed what it took.
@@ -241,16 +244,6 @@ impl<T: PartialEq> CapacityQueue<T> {
             if state.stdin_closed {
                 return None;
             }
-            if state.open
-                && state.running < state.limit
-                && let Some(item) = state.waiting.pop_front()
-            {
-                state.running += 1;
-                drop(state);
-                feed(item);
-                state = self.state.lock();
-                continue;
-            }
             self.changed.wait(&mut state);
         }
     }
@@ -262,61 +255,60 @@ mod tests {
     use std::sync::Arc;
     use std::time::Duration;
 
-    /// A writer thread for incarnation `generation`: fed entries and written batches go to the
-    /// returned channels; it ends when `next_for_writer` says so.
+    /// A writer thread for incarnation `generation`: written batches go to the returned channel;
+    /// it ends when `next_for_writer` says so.
     fn writer(
         queue: &Arc<CapacityQueue<i32>>,
         generation: u64,
     ) -> (
-        crossbeam_channel::Receiver<i32>,
         crossbeam_channel::Receiver<Vec<Vec<u8>>>,
         std::thread::JoinHandle<()>,
     ) {
-        let (fed_tx, fed) = crossbeam_channel::unbounded();
         let (lines_tx, lines) = crossbeam_channel::unbounded();
         let queue = queue.clone();
         let handle = std::thread::spawn(move || {
-            while let Some(batch) =
-                queue.next_for_writer(generation, &mut |n| fed_tx.send(n).unwrap())
-            {
+            while let Some(batch) = queue.next_for_writer(generation) {
                 lines_tx.send(batch).unwrap();
             }
         });
-        (fed, lines, handle)
+        (lines, handle)
     }
 
     #[test]
     fn takes_in_order_up_to_the_limit_and_waits_for_release() {
-        let queue = Arc::new(CapacityQueue::new(2, 100));
+        let queue = CapacityQueue::new(2, 100);
         for n in 0..5 {
             queue.push(n).unwrap();
         }
-        queue.attach_writer(1);
-        let (fed, _lines, handle) = writer(&queue, 1);
         // Closed: nothing is taken.
-        assert!(fed.recv_timeout(Duration::from_millis(100)).is_err());
+        assert_eq!(queue.take(), None);
         queue.set_open(true);
-        assert_eq!(fed.recv_timeout(Duration::from_secs(5)), Ok(0));
-        assert_eq!(fed.recv_timeout(Duration::from_secs(5)), Ok(1));
+        assert_eq!(queue.take(), Some(0));
+        assert_eq!(queue.take(), Some(1));
         // At the limit: nothing more is taken until a release.
-        assert!(fed.recv_timeout(Duration::from_millis(100)).is_err());
+        assert_eq!(queue.take(), None);
         assert_eq!(queue.running(), 2);
         queue.release();
-        assert_eq!(fed.recv_timeout(Duration::from_secs(5)), Ok(2));
+        assert_eq!(queue.take(), Some(2));
         assert!(queue.remove(&4));
         queue.release();
-        assert_eq!(fed.recv_timeout(Duration::from_secs(5)), Ok(3));
+        assert_eq!(queue.take(), Some(3));
         queue.release();
-        assert!(fed.recv_timeout(Duration::from_millis(100)).is_err());
+        // Nothing waits any more; closed again, a new entry waits even with capacity free.
+        assert_eq!(queue.take(), None);
+        queue.set_open(false);
+        queue.push(5).unwrap();
+        assert_eq!(queue.take(), None);
+        queue.set_open(true);
         queue.stop();
-        handle.join().unwrap();
+        assert_eq!(queue.take(), None, "a stopped queue hands out nothing");
     }
 
     #[test]
     fn lines_reach_only_their_incarnation_and_closing_stdin_ends_the_writer() {
         let queue = Arc::new(CapacityQueue::<i32>::new(1, 10));
         queue.attach_writer(1);
-        let (_fed, lines, old) = writer(&queue, 1);
+        let (lines, old) = writer(&queue, 1);
         queue.send_line(1, b"a".to_vec());
         queue.send_line(1, b"b".to_vec());
         let mut written = Vec::new();
@@ -328,7 +320,7 @@ mod tests {
         queue.attach_writer(2);
         old.join().unwrap();
         queue.send_line(1, b"stale".to_vec());
-        let (_fed, lines, new) = writer(&queue, 2);
+        let (lines, new) = writer(&queue, 2);
         queue.send_line(2, b"c".to_vec());
         queue.close_stdin(2);
         queue.send_line(2, b"after close".to_vec());
@@ -392,7 +384,7 @@ mod tests {
         let big: Vec<u8> = (0..4 << 20).map(|i| b'a' + (i % 26) as u8).collect();
         queue.send_line(1, big.clone());
         queue.send_line(1, b"after".to_vec());
-        let batch = queue.next_for_writer(1, &mut |_| {}).unwrap();
+        let batch = queue.next_for_writer(1).unwrap();
         assert_eq!(batch.len(), 2);
         let rest = &batch[0];
         assert!(!rest.is_empty() && rest.len() < big.len(), "{}", rest.len());

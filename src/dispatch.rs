@@ -1,7 +1,7 @@
 //! The dispatcher thread: the one owner of worker, session and activation state.
 //!
 //! Four channels feed it, polled in priority order: due deadlines from the timer thread; internal
-//! completions (a record became durable, a feeder handed over an activation, a callback finished);
+//! completions (a record became durable, a callback finished);
 //! commands from API callers; and events from the workers' threads. Deadlines come first so that a
 //! harness flooding its stdout cannot delay a kill; completions next because they free resources.
 //! The dispatcher never blocks on anything but these channels: pipe writes belong to writer
@@ -106,12 +106,6 @@ pub(crate) enum Internal {
         token: DurableToken,
         result: Result<(), JournalError>,
     },
-    /// A feeder took this activation off its slot's capacity queue.
-    Fed {
-        registration: usize,
-        slot: u32,
-        entry: QueueEntry,
-    },
     /// A callback finished on the executor.
     CallbackDone(CallbackDone),
 }
@@ -140,6 +134,9 @@ pub(crate) struct Dispatcher {
     /// Set once shutdown began: the grace for the workers' `shutdown`, and whether the workers
     /// have been told to stop.
     pub(crate) stopping: Option<Stopping>,
+    /// Activations taken off their slot's capacity queue and not yet started, oldest first, with
+    /// their registration and slot: started by [`Dispatcher::settle`].
+    pub(crate) feeding: std::collections::VecDeque<(usize, u32, QueueEntry)>,
     /// Encoded `run` lines waiting for their `activation_started` record to become durable.
     pub(crate) pending_runs: SessionIdMap<(SessionId, u64), Vec<u8>>,
     pub(crate) metrics: Arc<crate::metrics::Metrics>,
@@ -240,12 +237,17 @@ impl Dispatcher {
         }
     }
 
-    /// Handles what the pool reported, until it reports nothing more.
+    /// Handles what the pool reported and starts the activations taken off capacity queues,
+    /// until neither is left.
     fn settle(&mut self) {
         loop {
             let happenings = self.pool.take_happenings();
             if happenings.is_empty() {
-                break;
+                match self.feeding.pop_front() {
+                    Some((registration, slot, entry)) => self.on_fed(registration, slot, entry),
+                    None => break,
+                }
+                continue;
             }
             for happening in happenings {
                 match happening {
@@ -304,11 +306,6 @@ impl Dispatcher {
     fn on_internal(&mut self, completion: Internal) {
         match completion {
             Internal::Durable { token, result } => self.on_durable(token, result),
-            Internal::Fed {
-                registration,
-                slot,
-                entry,
-            } => self.on_fed(registration, slot, entry),
             Internal::CallbackDone(done) => self.on_callback_done(done),
         }
     }

@@ -14,7 +14,6 @@
 use crate::capacity::CapacityQueue;
 use crate::config::Registration;
 use crate::datadir::DataDir;
-use crate::dispatch::Internal;
 use crate::options::Options;
 use crate::protocol::harness::{
     self, BrainCall, BrainInfo, InitializeParams, InitializeResult, PROTOCOL, ShutdownParams,
@@ -233,8 +232,6 @@ pub(crate) enum StartupRefusal {
 
 pub(crate) struct Pool {
     registrations: Vec<RegistrationState>,
-    /// Where a writer thread hands the activations it takes off its slot's queue.
-    fed: Sender<Internal>,
     options: Options,
     events: Sender<(WorkerKey, WorkerEvent)>,
     timer: Timer<Deadline>,
@@ -255,7 +252,6 @@ pub(crate) struct Pool {
 impl Pool {
     pub(crate) fn new(
         registrations: Vec<(Registration, PathBuf, Vec<SlotQueue>)>,
-        fed: Sender<Internal>,
         options: Options,
         events: Sender<(WorkerKey, WorkerEvent)>,
         timer: Timer<Deadline>,
@@ -291,7 +287,6 @@ impl Pool {
             .collect();
         Pool {
             registrations,
-            fed,
             options,
             events,
             timer,
@@ -502,17 +497,7 @@ impl Pool {
         let key = self.key(r, s);
         let queue = self.registrations[r].slots[s].queue.clone();
         queue.attach_writer(key.generation);
-        let fed = self.fed.clone();
-        let outbox = Box::new(move || {
-            queue.next_for_writer(key.generation, &mut |entry| {
-                // The dispatcher outlives the writers; a failed send means teardown.
-                let _ = fed.send(Internal::Fed {
-                    registration: r,
-                    slot: key.slot,
-                    entry,
-                });
-            })
-        });
+        let outbox = Box::new(move || queue.next_for_writer(key.generation));
         match worker::start(
             &spec,
             key,

@@ -3,7 +3,7 @@
 //! Every function here runs on the dispatcher thread and owns what it touches. An activation moves
 //!
 //! ```text
-//! Queued ──feeder──> Fed ──activation_started durable──> Running ──run answered / worker lost──> Ended
+//! Queued ──taken──> Starting ──activation_started durable──> Running ──run answered / worker lost──> Ended
 //!    └───────── cancelled, quarantined, shutting down, input too large ────────────────────────> Ended
 //! Ended ──callbacks drained──> activation_finished appended ──durable──> outcome delivered
 //! ```
@@ -178,7 +178,7 @@ impl SessionState {
 pub(crate) enum Phase {
     /// Waiting in its slot's capacity queue.
     Queued,
-    /// Taken by the feeder; `activation_started` appended, not yet durable.
+    /// Taken off the capacity queue; `activation_started` appended, not yet durable.
     Starting { key: WorkerKey },
     /// `run` sent.
     Running { key: WorkerKey },
@@ -376,6 +376,18 @@ impl Dispatcher {
         slot: u32,
     ) -> Option<Arc<crate::capacity::CapacityQueue<QueueEntry>>> {
         self.queues.get(registration)?.get(slot as usize).cloned()
+    }
+
+    /// Takes what may start now off `registration`/`slot`'s capacity queue, for
+    /// [`Dispatcher::settle`] to start in order. Called after every change that can let an
+    /// activation start: a push, a release, the queue opening.
+    fn feed(&mut self, registration: usize, slot: u32) {
+        let Some(queue) = self.queue(registration, slot) else {
+            return;
+        };
+        while let Some(entry) = queue.take() {
+            self.feeding.push_back((registration, slot, entry));
+        }
     }
 
     /// Appends a record and asks for `token` once it is durable.
@@ -772,6 +784,7 @@ impl Dispatcher {
         };
         // The bound was checked above and only the dispatcher pushes: this cannot be full.
         let _ = queue.push(entry);
+        self.feed(registration, slot);
         let session = self
             .sessions
             .get_mut(id)
@@ -870,8 +883,9 @@ impl Dispatcher {
         let quarantined =
             self.pool.slot_state(registration, slot) == Some(WorkerState::Quarantined);
         let Some(active) = self.active_mut(&session, sequence) else {
-            // Ended while the feeder handed it over.
+            // Ended between its take and now.
             queue.release();
+            self.feed(registration, slot);
             return;
         };
         active.holds_capacity = true;
@@ -1244,7 +1258,11 @@ impl Dispatcher {
             return;
         };
         let queue = queue.clone();
-        queue.set_open(state == WorkerState::Healthy && self.stopping.is_none());
+        let open = state == WorkerState::Healthy && self.stopping.is_none();
+        queue.set_open(open);
+        if open {
+            self.feed(registration, slot);
+        }
         if state == WorkerState::Quarantined {
             for QueueEntry { session, sequence } in queue.drain() {
                 if let Some(active) = self.active_mut(&session, sequence) {
@@ -1288,6 +1306,7 @@ impl Dispatcher {
         if active.holds_capacity {
             active.holds_capacity = false;
             self.queues[registration][slot as usize].release();
+            self.feed(registration, slot);
         }
         self.try_finish(session, sequence);
     }

@@ -1,4 +1,4 @@
-//! The three threads of a worker: stdout reader, stdin writer (and feeder), stderr logger (and
+//! The three threads of a worker: stdout reader, stdin writer, stderr logger (and
 //! exit watcher).
 //!
 //! Each pipe has one thread that owns it. The reader decodes lines (parsing happens here, off the

@@ -2,7 +2,7 @@
 //!
 //! A worker is one process of a registration, in a numbered slot. [`start`] spawns it and three
 //! named threads: `brain-w:<reg>/<slot>-read` (stdout → decoded messages), `-write` (lines →
-//! stdin; it also feeds the slot's activations, see `crate::capacity`) and `-stderr` (diagnostics
+//! stdin, see `crate::capacity`) and `-stderr` (diagnostics
 //! → log and a bounded tail; it also watches the process through a pidfd, reaps it and reports its
 //! exit). All of them report to the dispatcher through one channel of `(WorkerKey, WorkerEvent)`;
 //! none of them touches the dispatcher's state.
