@@ -60,11 +60,15 @@ pub(crate) fn machine(data_dir: &Path) -> Value {
 pub(crate) const TICKS_PER_SECOND: f64 = 100.0;
 
 /// CPU time counters, in clock ticks: the whole machine's busy and total time, and this
-/// process's own plus that of its reaped children (the harness workers and the probes).
+/// process's own plus that of its reaped children (the harness workers and the probes); and how
+/// often the threads of this process and of its reaped children blocked.
 pub(crate) struct CpuCounters {
     busy: u64,
     total: u64,
     pub(crate) own: u64,
+    /// Voluntary context switches (`getrusage`'s `ru_nvcsw`, of this process's threads and of
+    /// its reaped children's).
+    pub(crate) sleeps: u64,
 }
 
 pub(crate) fn cpu_counters() -> CpuCounters {
@@ -91,7 +95,24 @@ pub(crate) fn cpu_counters() -> CpuCounters {
         .take(4)
         .filter_map(|n| n.parse::<u64>().ok())
         .sum();
-    CpuCounters { busy, total, own }
+    CpuCounters {
+        busy,
+        total,
+        own,
+        sleeps: voluntary_switches(libc::RUSAGE_SELF) + voluntary_switches(libc::RUSAGE_CHILDREN),
+    }
+}
+
+/// `ru_nvcsw` of `who` (0 when `getrusage` fails, which it does only for a bad `who`).
+fn voluntary_switches(who: libc::c_int) -> u64 {
+    // SAFETY: `usage` is a plain C struct for which all zeros is a valid value; getrusage only
+    // writes into it, and `who` is one of the two constants it documents.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `usage` is a valid, writable `rusage` for the duration of the call.
+    if unsafe { libc::getrusage(who, &mut usage) } != 0 {
+        return 0;
+    }
+    u64::try_from(usage.ru_nvcsw).unwrap_or(0)
 }
 
 impl CpuCounters {

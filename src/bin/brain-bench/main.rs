@@ -503,11 +503,16 @@ fn run(options: &Options) -> Result<bool, String> {
                 trial.cpus_used =
                     after.own.saturating_sub(counters.own) as f64 / TICKS_PER_SECOND / trial.wall_s;
                 trial.other_share = after.other_share_since(&counters);
+                let operations = trial.rate * trial.wall_s;
+                if operations > 0.0 {
+                    trial.sleeps_per_op =
+                        after.sleeps.saturating_sub(counters.sleeps) as f64 / operations;
+                }
                 trial
             });
             match &result {
                 Ok(trial) => eprintln!(
-                    "round {}/{} {:<18} {:>9.0} {}/s  p50 {:>9.1} µs  p99 {:>9.1} µs  ({:.1} s, {:.2} CPUs, others {:.0} %{})",
+                    "round {}/{} {:<18} {:>9.0} {}/s  p50 {:>9.1} µs  p99 {:>9.1} µs  ({:.1} s, {:.2} CPUs, {:.2} sleeps/op, others {:.0} %{})",
                     r + 1,
                     plan.rounds,
                     arm.id,
@@ -517,6 +522,7 @@ fn run(options: &Options) -> Result<bool, String> {
                     trial.p99_us,
                     trial.wall_s,
                     trial.cpus_used,
+                    trial.sleeps_per_op,
                     trial.other_share * 100.0,
                     trial
                         .records_per_flush
@@ -554,6 +560,7 @@ fn run(options: &Options) -> Result<bool, String> {
             wall_s: done.iter().map(|t| t.wall_s).sum(),
             cpus_used: median(&done.iter().map(|t| t.cpus_used).collect::<Vec<_>>()),
             other_share: median(&done.iter().map(|t| t.other_share).collect::<Vec<_>>()),
+            sleeps_per_op: median(&done.iter().map(|t| t.sleeps_per_op).collect::<Vec<_>>()),
             records_per_flush: {
                 let batching: Vec<f64> = done.iter().filter_map(|t| t.records_per_flush).collect();
                 (!batching.is_empty()).then(|| median(&batching))

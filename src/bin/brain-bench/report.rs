@@ -4,8 +4,8 @@ use serde_json::Value;
 
 pub(crate) fn print_table(rows: &[Value]) {
     println!(
-        "{:<18} {:>10} {:>10} {:>10} {:>5} {:>7}  {:<44} target",
-        "arm", "rate /s", "p50 µs", "p99 µs", "CPUs", "ratio", "ratio of"
+        "{:<18} {:>10} {:>10} {:>10} {:>5} {:>7} {:>7}  {:<44} target",
+        "arm", "rate /s", "p50 µs", "p99 µs", "CPUs", "sleeps", "ratio", "ratio of"
     );
     for row in rows {
         let median = &row["median"];
@@ -16,12 +16,13 @@ pub(crate) fn print_table(rows: &[Value]) {
             None => "",
         };
         println!(
-            "{:<18} {:>10.0} {:>10.1} {:>10.1} {:>5.2} {:>7}  {:<44} {}{}",
+            "{:<18} {:>10.0} {:>10.1} {:>10.1} {:>5.2} {:>7.2} {:>7}  {:<44} {}{}",
             row["id"].as_str().unwrap_or_default(),
             median["rate"].as_f64().unwrap_or(0.0),
             median["p50_us"].as_f64().unwrap_or(0.0),
             median["p99_us"].as_f64().unwrap_or(0.0),
             median["cpus_used"].as_f64().unwrap_or(0.0),
+            median["sleeps_per_op"].as_f64().unwrap_or(0.0),
             ratio["value"]
                 .as_f64()
                 .map(|v| format!("{v:.3}"))

@@ -137,6 +137,12 @@ pub struct Trial {
     pub cpus_used: f64,
     /// Share of the machine's CPU time used by anything else during it.
     pub other_share: f64,
+    /// How often a thread of the bench process or of its reaped children blocked (voluntary
+    /// context switches) during the trial, per operation, the operations estimated as the rate
+    /// times the trial's wall time. Each is a wake-up later, which on a VM costs about as much
+    /// as a small callback's own work (docs/BENCHMARKS.md): a count of hand-offs that moves
+    /// far less with the host than the rates do.
+    pub sleeps_per_op: f64,
     /// Brain's durable arms: the journal's records made durable per `fdatasync` over the whole
     /// trial (warm-up included), from Brain's metrics: how well group commit batched.
     pub records_per_flush: Option<f64>,
@@ -163,6 +169,7 @@ impl Trial {
             "wall_s": round(self.wall_s, 2),
             "cpus_used": round(self.cpus_used, 2),
             "other_share": round(self.other_share, 3),
+            "sleeps_per_op": round(self.sleeps_per_op, 2),
             "records_per_flush": self.records_per_flush.map(|r| round(r, 1)),
         })
     }
