@@ -4,12 +4,12 @@
 
 mod common;
 
-use common::http::{Reply, Sse, authorised, connect, encode, exchange, read_reply};
+use common::http::{Api, Reply, Sse, connect, encode, exchange, read_reply};
 
 use brain::http::{HttpOptions, HttpServer};
 use brain::{Brain, Registration};
 use common::*;
-use serde_json::{Value, json};
+use serde_json::json;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -53,65 +53,17 @@ fn bearer() -> String {
     format!("Bearer {TOKEN}")
 }
 
+impl Api for Server {
+    fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    fn token(&self) -> &str {
+        TOKEN
+    }
+}
+
 impl Server {
-    /// An authorised request with a JSON body (if any) on a fresh connection.
-    fn call(&self, method: &str, path: &str, body: Option<Value>) -> Reply {
-        self.call_with(method, path, &[], body)
-    }
-
-    fn call_with(
-        &self,
-        method: &str,
-        path: &str,
-        headers: &[(&str, &str)],
-        body: Option<Value>,
-    ) -> Reply {
-        exchange(self.addr, &authorised(TOKEN, method, path, headers, body))
-    }
-
-    fn create(&self, registration: &str, configuration: Value) -> String {
-        let reply = self
-            .call(
-                "POST",
-                "/v1/sessions",
-                Some(json!({"agentloop": {"name": registration, "configuration": configuration}})),
-            )
-            .expect(201, None);
-        let id = reply.json()["session_id"]
-            .as_str()
-            .expect("a session id")
-            .to_owned();
-        assert_eq!(
-            reply.header("location"),
-            Some(format!("/v1/sessions/{id}").as_str())
-        );
-        id
-    }
-
-    /// Sends a message on a thread of the test; the handle answers the reply.
-    fn message_in_background(&self, id: &str, text: &str) -> std::thread::JoinHandle<Reply> {
-        let addr = self.addr;
-        let path = format!("/v1/sessions/{id}/messages");
-        let body = json!({"content": [{"type": "text", "text": text}]}).to_string();
-        std::thread::spawn(move || {
-            let auth = bearer();
-            let headers = [
-                ("authorization", auth.as_str()),
-                ("content-type", "application/json"),
-            ];
-            exchange(addr, &encode("POST", &path, &headers, body.as_bytes()))
-        })
-    }
-
-    fn message(&self, id: &str, text: &str, headers: &[(&str, &str)]) -> Reply {
-        self.call_with(
-            "POST",
-            &format!("/v1/sessions/{id}/messages"),
-            headers,
-            Some(json!({"content": [{"type": "text", "text": text}]})),
-        )
-    }
-
     /// Blocks (bounded) until the session's journal holds `count` records of `kind`.
     fn wait_for_records(&self, id: &str, kind: &str, count: usize) {
         let id = brain::session::SessionId::parse(id).expect("a session id");
@@ -485,7 +437,12 @@ fn cancelling_a_running_activation_interrupts_the_session_and_lifecycle_statuses
         .call("POST", &format!("/v1/sessions/{id}/cancel"), None)
         .expect(200, None)
         .json();
-    let outcome = waiter.join().expect("the waiter").expect(200, None).json();
+    let outcome = waiter
+        .join()
+        .expect("the waiter")
+        .expect("a reply")
+        .expect(200, None)
+        .json();
     assert_eq!(outcome["outcome"], "cancelled", "{outcome}");
     assert_eq!(outcome["error"]["code"], "cancelled", "{outcome}");
     let sequence = outcome["sequence"].as_u64().expect("a sequence");
@@ -744,7 +701,12 @@ fn long_waits_and_sse_streams_are_bounded() {
     server
         .call("POST", &format!("/v1/sessions/{held}/cancel"), None)
         .expect(200, None);
-    let outcome = waiter.join().expect("the waiter").expect(200, None).json();
+    let outcome = waiter
+        .join()
+        .expect("the waiter")
+        .expect("a reply")
+        .expect(200, None)
+        .json();
     assert_eq!(outcome["outcome"], "cancelled", "{outcome}");
     assert_eq!(outcome["error"]["code"], "cancelled", "{outcome}");
 }

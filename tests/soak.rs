@@ -39,7 +39,7 @@ mod common;
 use brain::protocol::harness::Event;
 use common::http::{Reply, read_reply};
 use common::journal::{check_session, read_all};
-use common::server::{Served, Start, children_of, harness_alive, signal};
+use common::server::{Api, Served, Start, children_of, harness_alive, signal};
 use common::*;
 use nix::sys::signal::Signal;
 use parking_lot::Mutex;

@@ -1,10 +1,11 @@
 //! A minimal HTTP/1.1 client side for the tests that talk to Brain's HTTP API: one response type
-//! and one reader, and a server-sent events reader, shared by tests/http.rs, tests/serve_e2e.rs
-//! and tests/security.rs.
+//! and one reader, a server-sent events reader, and the API calls of [`Api`], shared by
+//! tests/http.rs, tests/serve_e2e.rs and the other suites that talk HTTP.
 
-use serde_json::Value;
+use serde_json::{Value, json};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::thread::JoinHandle;
 
 #[derive(Debug)]
 pub struct Reply {
@@ -242,4 +243,165 @@ pub fn encode(method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -
     let mut out = out.into_bytes();
     out.extend_from_slice(body);
     out
+}
+
+/// The API calls the HTTP suites share, for any server at an address with a bearer token: a
+/// `brain serve` process (`server::Served`) or a library `HttpServer` (tests/http.rs). Every
+/// request goes on a fresh connection with `Connection: close`.
+pub trait Api {
+    /// Where the server listens.
+    fn addr(&self) -> SocketAddr;
+    /// The operator token it was started with.
+    fn token(&self) -> &str;
+
+    fn connect(&self) -> TcpStream {
+        connect(self.addr())
+    }
+
+    fn bearer(&self) -> String {
+        format!("Bearer {}", self.token())
+    }
+
+    /// Sends raw bytes on a fresh connection and reads one response.
+    fn exchange(&self, raw: &[u8]) -> Reply {
+        exchange(self.addr(), raw)
+    }
+
+    /// An authorised request with a JSON body (if any).
+    fn call(&self, method: &str, path: &str, body: Option<Value>) -> Reply {
+        self.call_with(method, path, &[], body)
+    }
+
+    fn call_with(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Option<Value>,
+    ) -> Reply {
+        self.exchange(&self.request(method, path, headers, body))
+    }
+
+    /// The bytes of an authorised request.
+    fn request(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Option<Value>,
+    ) -> Vec<u8> {
+        authorised(self.token(), method, path, headers, body)
+    }
+
+    /// Creates a session of `registration` with this configuration and checks the answer (201,
+    /// open, its registration, its `Location`); its id.
+    fn create(&self, registration: &str, configuration: Value) -> String {
+        let reply = self
+            .call(
+                "POST",
+                "/v1/sessions",
+                Some(json!({"agentloop": {"name": registration, "configuration": configuration}})),
+            )
+            .expect(201, None);
+        let view = reply.json();
+        let id = view["session_id"]
+            .as_str()
+            .expect("a session id")
+            .to_owned();
+        assert_eq!(view["status"], "open", "{view}");
+        assert_eq!(view["registration"], registration, "{view}");
+        assert_eq!(
+            reply.header("location"),
+            Some(format!("/v1/sessions/{id}").as_str())
+        );
+        id
+    }
+
+    fn message(&self, id: &str, text: &str, headers: &[(&str, &str)]) -> Reply {
+        self.call_with(
+            "POST",
+            &format!("/v1/sessions/{id}/messages"),
+            headers,
+            Some(json!({"content": [{"type": "text", "text": text}]})),
+        )
+    }
+
+    /// Sends a message that waits for its outcome, on a thread of the test.
+    fn message_in_background(&self, id: &str, text: &str) -> JoinHandle<std::io::Result<Reply>> {
+        let raw = self.request(
+            "POST",
+            &format!("/v1/sessions/{id}/messages"),
+            &[],
+            Some(json!({"content": [{"type": "text", "text": text}]})),
+        );
+        let stream = self.connect();
+        std::thread::spawn(move || {
+            (&stream).write_all(&raw)?;
+            read_reply(&mut BufReader::new(stream))
+        })
+    }
+
+    fn view(&self, id: &str) -> Value {
+        self.call("GET", &format!("/v1/sessions/{id}"), None)
+            .expect(200, None)
+            .json()
+    }
+
+    /// Every record of the session, through the pages of `GET …/events`.
+    fn events(&self, id: &str) -> Vec<Value> {
+        let mut all = Vec::new();
+        let mut after = 0;
+        loop {
+            let page = self
+                .call(
+                    "GET",
+                    &format!("/v1/sessions/{id}/events?after={after}&limit=50"),
+                    None,
+                )
+                .expect(200, None)
+                .json();
+            let events = page["events"].as_array().expect("events").clone();
+            if events.is_empty() {
+                assert_eq!(page["next_after"], after);
+                return all;
+            }
+            after = page["next_after"].as_u64().expect("next_after");
+            assert_eq!(events.last().unwrap()["sequence"], after);
+            all.extend(events);
+        }
+    }
+
+    /// Opens an SSE stream of the session's records and checks its head.
+    fn open_stream(&self, id: &str, query: &str, headers: &[(&str, &str)]) -> Sse {
+        let stream = self.connect();
+        let mut all = vec![("accept", "text/event-stream")];
+        all.extend_from_slice(headers);
+        let raw = self.request(
+            "GET",
+            &format!("/v1/sessions/{id}/events{query}"),
+            &all,
+            None,
+        );
+        (&stream).write_all(&raw).expect("send");
+        Sse::open(stream)
+    }
+
+    /// Waits (through an SSE stream) until the session's run announces that it executes; the
+    /// announcing record.
+    fn wait_running(&self, id: &str) -> SseEvent {
+        let mut stream = self.open_stream(id, "", &[]);
+        stream
+            .until(|e| e.event == "event_emitted" && e.data["data"]["type"] == "running")
+            .pop()
+            .expect("the running event")
+    }
+
+    /// Waits (through an SSE stream) for the outcome record of activation `sequence`.
+    fn wait_finished(&self, id: &str, sequence: u64) -> SseEvent {
+        let mut stream = self.open_stream(id, &format!("?after={sequence}"), &[]);
+        stream
+            .until(|e| e.event == "activation_finished" && e.data["data"]["activation"] == sequence)
+            .pop()
+            .expect("the outcome record")
+    }
 }

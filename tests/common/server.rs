@@ -3,18 +3,17 @@
 //! HTTP/1.1 on fresh connections, stopped with real signals, and killed and reaped with its
 //! workers when the test ends, pass or fail. Shared by tests/serve_e2e.rs and tests/soak.rs.
 
-use super::http::{Reply, Sse, SseEvent, read_reply};
+pub use super::http::Api;
 use super::{BRAIN, WAIT, all_pids, not_running, parent_of};
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use serde_json::{Value, json};
-use std::io::{BufRead, BufReader, Write};
-use std::net::{SocketAddr, TcpStream};
+use serde_json::Value;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// The log line `brain serve` writes once it listens; the address follows it.
@@ -236,47 +235,6 @@ impl Served {
         self.workers.extend(&pids);
         pids
     }
-
-    // ----- HTTP -----
-
-    pub fn connect(&self) -> TcpStream {
-        super::http::connect(self.addr)
-    }
-
-    pub fn bearer(&self) -> String {
-        format!("Bearer {}", self.token)
-    }
-
-    /// Sends raw bytes on a fresh connection and reads one response.
-    pub fn exchange(&self, raw: &[u8]) -> Reply {
-        super::http::exchange(self.addr, raw)
-    }
-
-    /// An authorised request with a JSON body (if any).
-    pub fn call(&self, method: &str, path: &str, body: Option<Value>) -> Reply {
-        self.call_with(method, path, &[], body)
-    }
-
-    pub fn call_with(
-        &self,
-        method: &str,
-        path: &str,
-        headers: &[(&str, &str)],
-        body: Option<Value>,
-    ) -> Reply {
-        self.exchange(&self.request(method, path, headers, body))
-    }
-
-    /// The bytes of an authorised request with `Connection: close`.
-    pub fn request(
-        &self,
-        method: &str,
-        path: &str,
-        headers: &[(&str, &str)],
-        body: Option<Value>,
-    ) -> Vec<u8> {
-        super::http::authorised(&self.token, method, path, headers, body)
-    }
 }
 
 /// Encodes a request with `Connection: close`; `headers` come after it.
@@ -286,120 +244,12 @@ pub fn encode(method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -
     super::http::encode(method, path, &all, body)
 }
 
-/// The API calls the end-to-end suites share.
-impl Served {
-    /// Creates a session of `registration` with this configuration; its id.
-    pub fn create(&self, registration: &str, configuration: Value) -> String {
-        let reply = self
-            .call(
-                "POST",
-                "/v1/sessions",
-                Some(json!({"agentloop": {"name": registration, "configuration": configuration}})),
-            )
-            .expect(201, None);
-        let view = reply.json();
-        let id = view["session_id"]
-            .as_str()
-            .expect("a session id")
-            .to_owned();
-        assert_eq!(view["status"], "open", "{view}");
-        assert_eq!(view["registration"], registration, "{view}");
-        assert_eq!(
-            reply.header("location"),
-            Some(format!("/v1/sessions/{id}").as_str())
-        );
-        id
+impl Api for Served {
+    fn addr(&self) -> SocketAddr {
+        self.addr
     }
 
-    pub fn message(&self, id: &str, text: &str, headers: &[(&str, &str)]) -> Reply {
-        self.call_with(
-            "POST",
-            &format!("/v1/sessions/{id}/messages"),
-            headers,
-            Some(json!({"content": [{"type": "text", "text": text}]})),
-        )
-    }
-
-    /// Sends a message that waits for its outcome, on a thread of the test.
-    pub fn message_in_background(
-        &self,
-        id: &str,
-        text: &str,
-    ) -> JoinHandle<std::io::Result<Reply>> {
-        let raw = self.request(
-            "POST",
-            &format!("/v1/sessions/{id}/messages"),
-            &[],
-            Some(json!({"content": [{"type": "text", "text": text}]})),
-        );
-        let stream = self.connect();
-        std::thread::spawn(move || {
-            (&stream).write_all(&raw)?;
-            read_reply(&mut BufReader::new(stream))
-        })
-    }
-
-    pub fn view(&self, id: &str) -> Value {
-        self.call("GET", &format!("/v1/sessions/{id}"), None)
-            .expect(200, None)
-            .json()
-    }
-
-    /// Every record of the session, through the pages of `GET …/events`.
-    pub fn events(&self, id: &str) -> Vec<Value> {
-        let mut all = Vec::new();
-        let mut after = 0;
-        loop {
-            let page = self
-                .call(
-                    "GET",
-                    &format!("/v1/sessions/{id}/events?after={after}&limit=50"),
-                    None,
-                )
-                .expect(200, None)
-                .json();
-            let events = page["events"].as_array().expect("events").clone();
-            if events.is_empty() {
-                assert_eq!(page["next_after"], after);
-                return all;
-            }
-            after = page["next_after"].as_u64().expect("next_after");
-            assert_eq!(events.last().unwrap()["sequence"], after);
-            all.extend(events);
-        }
-    }
-
-    /// Opens an SSE stream of the session's records and checks its head.
-    pub fn open_stream(&self, id: &str, query: &str, headers: &[(&str, &str)]) -> Sse {
-        let stream = self.connect();
-        let mut all = vec![("accept", "text/event-stream")];
-        all.extend_from_slice(headers);
-        let raw = self.request(
-            "GET",
-            &format!("/v1/sessions/{id}/events{query}"),
-            &all,
-            None,
-        );
-        (&stream).write_all(&raw).expect("send");
-        Sse::open(stream)
-    }
-
-    /// Waits (through an SSE stream) until the session's run announces that it executes; the
-    /// announcing record.
-    pub fn wait_running(&self, id: &str) -> SseEvent {
-        let mut stream = self.open_stream(id, "", &[]);
-        stream
-            .until(|e| e.event == "event_emitted" && e.data["data"]["type"] == "running")
-            .pop()
-            .expect("the running event")
-    }
-
-    /// Waits (through an SSE stream) for the outcome record of activation `sequence`.
-    pub fn wait_finished(&self, id: &str, sequence: u64) -> SseEvent {
-        let mut stream = self.open_stream(id, &format!("?after={sequence}"), &[]);
-        stream
-            .until(|e| e.event == "activation_finished" && e.data["data"]["activation"] == sequence)
-            .pop()
-            .expect("the outcome record")
+    fn token(&self) -> &str {
+        &self.token
     }
 }
