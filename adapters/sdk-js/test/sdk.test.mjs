@@ -51,6 +51,12 @@ function harness(handlers) {
   };
 }
 
+/** Brain's answer to callback `id`: the fatal `journal_failed` error. */
+const journalFailed = (id) => ({
+  id,
+  error: { code: -32000, message: "journal broke", data: { code: "journal_failed", fatal: true } },
+});
+
 const run = (id, sequence = 2) => ({
   id,
   method: "run",
@@ -181,10 +187,7 @@ test("a fatal callback error aborts ctx.signal, runs the cancel handler, and run
   });
   h.send(run(1));
   const call = await h.next();
-  h.send({
-    id: call.id,
-    error: { code: -32000, message: "journal broke", data: { code: "journal_failed", fatal: true } },
-  });
+  h.send(journalFailed(call.id));
   const ended = await h.next();
   assert.equal(ended.error.data.code, "journal_failed");
   assert.equal(ended.error.message, "journal broke");
@@ -202,10 +205,7 @@ test("after a fatal callback error other than cancelled, callbacks are refused w
   });
   h.send(run(1));
   const call = await h.next();
-  h.send({
-    id: call.id,
-    error: { code: -32000, message: "journal broke", data: { code: "journal_failed", fatal: true } },
-  });
+  h.send(journalFailed(call.id));
   // The next line is the run's answer: transcript.set never reached the wire.
   const ended = await h.next();
   assert.equal(ended.method, undefined, JSON.stringify(ended));
