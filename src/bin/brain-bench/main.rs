@@ -23,6 +23,7 @@ mod stats;
 use arms::{Harness, Setup, TurnArm};
 use brain::Storage;
 use machine::{TICKS_PER_SECOND, cpu_counters, describe_machine, machine};
+use probes::number;
 use report::{print_probes, print_table, print_targets};
 use serde_json::{Value, json};
 use stats::{Trial, median, round};
@@ -629,20 +630,9 @@ fn run(options: &Options) -> Result<bool, String> {
         eprintln!("memory: creating {count} sessions with one activation each …");
         match probes::child_json(&["__memory", &dir_text, &count]) {
             Ok(memory) => {
-                let idle = memory["open_idle_bytes_per_session"]
-                    .as_f64()
-                    .unwrap_or(0.0);
-                let passivated = memory["passivated_bytes_per_session"]
-                    .as_f64()
-                    .unwrap_or(0.0);
-                targets.push(json!({
-                    "target": "memory: private bytes per open idle session ≤ 8192",
-                    "measured": round(idle, 0), "met": idle <= 8192.0,
-                }));
-                targets.push(json!({
-                    "target": "memory: private bytes per passivated session ≤ 1024",
-                    "measured": round(passivated, 0), "met": passivated <= 1024.0,
-                }));
+                targets.extend(probes::memory_targets(
+                    "memory", "session", &memory, 8192.0, "8192",
+                ));
                 probes.insert("memory".into(), memory);
                 memory_done = true;
             }
@@ -764,13 +754,10 @@ fn run(options: &Options) -> Result<bool, String> {
                         .unwrap_or(0.0)
                 };
                 let per_worker = (at(8) - at(1)) / 7.0;
-                let constant =
-                    at(1) - per_worker - threads["without_brain"].as_f64().unwrap_or(0.0);
+                let constant = at(1) - per_worker - number(&threads["without_brain"]);
                 let load = &threads["two_workers"];
-                let growth = load["with_sessions"].as_f64().unwrap_or(0.0)
-                    - load["idle"].as_f64().unwrap_or(0.0);
-                let running = load["activations_64_running"].as_f64().unwrap_or(0.0)
-                    - load["idle"].as_f64().unwrap_or(0.0);
+                let growth = number(&load["with_sessions"]) - number(&load["idle"]);
+                let running = number(&load["activations_64_running"]) - number(&load["idle"]);
                 targets.push(json!({
                     "target": "threads: ≤ 3 per worker",
                     "measured": round(per_worker, 2), "met": per_worker <= 3.0,

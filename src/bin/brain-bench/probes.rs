@@ -519,25 +519,45 @@ pub fn realistic_memory(root: &Path, sessions: usize) -> Result<(Value, Vec<Valu
     eprintln!("memory-real: creating {sessions} sessions with the realistic request …");
     let memory = child_json(&["__memory", &dir_text, &sessions.to_string(), "realistic"])?;
     let _ = std::fs::remove_dir_all(&dir);
-    let idle = memory["open_idle_bytes_per_session"]
-        .as_f64()
-        .unwrap_or(0.0);
-    let passivated = memory["passivated_bytes_per_session"]
-        .as_f64()
-        .unwrap_or(0.0);
-    let request = memory["request_bytes"].as_f64().unwrap_or(0.0);
+    let request = number(&memory["request_bytes"]);
     let limit = 8192.0 + request;
-    let targets = vec![
+    let idle_limit = format!("8192 + its request's {request:.0} B = {limit:.0}");
+    let targets = memory_targets(
+        "memory-real",
+        "realistic session",
+        &memory,
+        limit,
+        &idle_limit,
+    );
+    Ok((memory, targets))
+}
+
+/// A memory probe's two targets: at most `idle_limit` private bytes (`idle_limit_text` in the
+/// target's wording) per open idle `what`, and at most 1 KiB per passivated one.
+pub fn memory_targets(
+    probe: &str,
+    what: &str,
+    memory: &Value,
+    idle_limit: f64,
+    idle_limit_text: &str,
+) -> Vec<Value> {
+    let idle = number(&memory["open_idle_bytes_per_session"]);
+    let passivated = number(&memory["passivated_bytes_per_session"]);
+    vec![
         json!({
-            "target": format!("memory-real: private bytes per open idle realistic session ≤ 8192 + its request's {request:.0} B = {limit:.0}"),
-            "measured": idle.round(), "met": idle <= limit,
+            "target": format!("{probe}: private bytes per open idle {what} ≤ {idle_limit_text}"),
+            "measured": idle.round(), "met": idle <= idle_limit,
         }),
         json!({
-            "target": "memory-real: private bytes per passivated realistic session ≤ 1024",
+            "target": format!("{probe}: private bytes per passivated {what} ≤ 1024"),
             "measured": passivated.round(), "met": passivated <= 1024.0,
         }),
-    ];
-    Ok((memory, targets))
+    ]
+}
+
+/// A figure of a probe's JSON; 0 when it is missing.
+pub fn number(value: &Value) -> f64 {
+    value.as_f64().unwrap_or(0.0)
 }
 
 /// The cycles probe (`cycles`): `__cycles` in a fresh directory under `root`. Returns its figures
@@ -553,7 +573,7 @@ pub fn cycles(root: &Path, count: usize, warmup: usize) -> Result<(Value, Vec<Va
         &warmup.to_string(),
     ])?;
     let _ = std::fs::remove_dir_all(&dir);
-    let growth = cycles["private_growth"].as_f64().unwrap_or(0.0);
+    let growth = number(&cycles["private_growth"]);
     let targets = vec![json!({
         "target": format!("cycles: private memory growth over {count} create → activate → close → delete cycles after {warmup} of warm-up ≤ 1 MiB"),
         "measured": growth, "met": growth <= 1024.0 * 1024.0,

@@ -1,5 +1,6 @@
 //! The printed report: the table of timed arms, the probes and the targets.
 
+use crate::probes::number;
 use serde_json::Value;
 
 pub(crate) fn print_table(rows: &[Value]) {
@@ -18,11 +19,11 @@ pub(crate) fn print_table(rows: &[Value]) {
         println!(
             "{:<18} {:>10.0} {:>10.1} {:>10.1} {:>5.2} {:>7.2} {:>7}  {:<44} {}{}",
             row["id"].as_str().unwrap_or_default(),
-            median["rate"].as_f64().unwrap_or(0.0),
-            median["p50_us"].as_f64().unwrap_or(0.0),
-            median["p99_us"].as_f64().unwrap_or(0.0),
-            median["cpus_used"].as_f64().unwrap_or(0.0),
-            median["sleeps_per_op"].as_f64().unwrap_or(0.0),
+            number(&median["rate"]),
+            number(&median["p50_us"]),
+            number(&median["p99_us"]),
+            number(&median["cpus_used"]),
+            number(&median["sleeps_per_op"]),
             ratio["value"]
                 .as_f64()
                 .map(|v| format!("{v:.3}"))
@@ -37,7 +38,7 @@ pub(crate) fn print_table(rows: &[Value]) {
             println!(
                 "  {:<18} {:>7.3}  {} (context)",
                 row["id"].as_str().unwrap_or_default(),
-                extra["value"].as_f64().unwrap_or(0.0),
+                number(&extra["value"]),
                 extra["of"].as_str().unwrap_or_default(),
             );
         }
@@ -59,16 +60,12 @@ pub(crate) fn print_probes(probes: &serde_json::Map<String, Value>) {
         println!(
             "memory ({} sessions, private bytes of the Brain process): {:.0} B per open idle session, {:.0} B per passivated session (before {} B, open {} B, passivated {} B; opening took {:.1} s)",
             memory["sessions"],
-            memory["open_idle_bytes_per_session"]
-                .as_f64()
-                .unwrap_or(0.0),
-            memory["passivated_bytes_per_session"]
-                .as_f64()
-                .unwrap_or(0.0),
+            number(&memory["open_idle_bytes_per_session"]),
+            number(&memory["passivated_bytes_per_session"]),
             memory["private_before"],
             memory["private_open"],
             memory["private_passivated"],
-            memory["open_seconds"].as_f64().unwrap_or(0.0),
+            number(&memory["open_seconds"]),
         );
         if let (Some(open), Some(passivated)) = (
             memory["heap_open_bytes_per_session"].as_f64(),
@@ -84,18 +81,10 @@ pub(crate) fn print_probes(probes: &serde_json::Map<String, Value>) {
             "memory-real ({} sessions created with a {} B realistic request): {:.0} B per open idle session, {:.0} B per passivated session; heap in use {:.0} B and {:.0} B",
             memory["sessions"],
             memory["request_bytes"],
-            memory["open_idle_bytes_per_session"]
-                .as_f64()
-                .unwrap_or(0.0),
-            memory["passivated_bytes_per_session"]
-                .as_f64()
-                .unwrap_or(0.0),
-            memory["heap_open_bytes_per_session"]
-                .as_f64()
-                .unwrap_or(0.0),
-            memory["heap_passivated_bytes_per_session"]
-                .as_f64()
-                .unwrap_or(0.0),
+            number(&memory["open_idle_bytes_per_session"]),
+            number(&memory["passivated_bytes_per_session"]),
+            number(&memory["heap_open_bytes_per_session"]),
+            number(&memory["heap_passivated_bytes_per_session"]),
         );
     }
     if let Some(cycles) = probes.get("cycles") {
@@ -103,7 +92,7 @@ pub(crate) fn print_probes(probes: &serde_json::Map<String, Value>) {
             "cycles ({} create → activate → close → delete after {} of warm-up, {:.1} s): private memory grew {} B ({} B in the second half), heap in use {} B ({} B)",
             cycles["cycles"],
             cycles["warmup"],
-            cycles["seconds"].as_f64().unwrap_or(0.0),
+            number(&cycles["seconds"]),
             cycles["private_growth"],
             cycles["private_growth_second_half"],
             cycles["heap_growth"],
@@ -120,8 +109,7 @@ pub(crate) fn print_probes(probes: &serde_json::Map<String, Value>) {
             startup["empty_start_ms"],
             startup["empty_init_ms"],
             startup["empty_exec_to_ready_ms"],
-            startup["private_bytes"].as_f64().unwrap_or(0.0)
-                - startup["empty_private_bytes"].as_f64().unwrap_or(0.0),
+            number(&startup["private_bytes"]) - number(&startup["empty_private_bytes"]),
             startup["recovered_passivated_bytes_per_session"],
         );
     }
