@@ -33,6 +33,11 @@ impl Drop for Server {
     }
 }
 
+/// What a message sent with [`Api::message_in_background`] was answered.
+fn answered(waiter: std::thread::JoinHandle<std::io::Result<Reply>>) -> Reply {
+    waiter.join().expect("the waiter").expect("a reply")
+}
+
 fn reference() -> Registration {
     Registration::new("ref", REFERENCE_HARNESS)
 }
@@ -437,12 +442,7 @@ fn cancelling_a_running_activation_interrupts_the_session_and_lifecycle_statuses
         .call("POST", &format!("/v1/sessions/{id}/cancel"), None)
         .expect(200, None)
         .json();
-    let outcome = waiter
-        .join()
-        .expect("the waiter")
-        .expect("a reply")
-        .expect(200, None)
-        .json();
+    let outcome = answered(waiter).expect(200, None).json();
     assert_eq!(outcome["outcome"], "cancelled", "{outcome}");
     assert_eq!(outcome["error"]["code"], "cancelled", "{outcome}");
     let sequence = outcome["sequence"].as_u64().expect("a sequence");
@@ -701,12 +701,7 @@ fn long_waits_and_sse_streams_are_bounded() {
     server
         .call("POST", &format!("/v1/sessions/{held}/cancel"), None)
         .expect(200, None);
-    let outcome = waiter
-        .join()
-        .expect("the waiter")
-        .expect("a reply")
-        .expect(200, None)
-        .json();
+    let outcome = answered(waiter).expect(200, None).json();
     assert_eq!(outcome["outcome"], "cancelled", "{outcome}");
     assert_eq!(outcome["error"]["code"], "cancelled", "{outcome}");
 }
