@@ -7,10 +7,12 @@
 //! providers — and reports back.
 //!
 //! Model and tool calls do not hold an executor while their records become durable. The
-//! executor hands the started record to the journal and goes back to its queue; once the record
-//! is durable the effect is queued again, to be performed by whichever executor takes it. The
-//! finished record goes the same way, and whichever thread makes it durable reports. Under load
-//! executors then run jobs instead of sleeping through other threads' flushes.
+//! dispatcher starts them itself when it admits them: it builds the started record and hands it
+//! to the journal without waiting (that work never blocks, and an executor hop for it cost a
+//! wake-up per call). Once the record is durable the effect is queued, to be performed by
+//! whichever executor takes it. The finished record goes to the journal the same way, and
+//! whichever thread makes it durable reports. Under load executors then run jobs instead of
+//! sleeping through other threads' flushes.
 //!
 //! The thread that finishes a callback reports it to the dispatcher and then writes the answer
 //! to the harness itself, so that the answer does not wait for the dispatcher to wake up. The
@@ -80,6 +82,9 @@ pub(crate) struct CallbackDone {
 /// The pool of threads that run callbacks (`brain-callback-N`).
 pub(crate) struct Executor {
     jobs: Arc<WorkQueue<Work>>,
+    journal: Arc<dyn Journal>,
+    effects: Effects,
+    internal: Sender<Internal>,
 }
 
 impl Executor {
@@ -102,12 +107,37 @@ impl Executor {
                 .name(format!("brain-callback-{n}"))
                 .spawn(move || serve(&queue, &*journal, &effects, &internal))?;
         }
-        Ok(Executor { jobs })
+        Ok(Executor {
+            jobs,
+            journal,
+            effects,
+            internal,
+        })
     }
 
-    /// Queues `call` to run in `job`'s context. The call is owned by the executor from here on,
-    /// so that its input (a model request carries the whole transcript) is never copied.
+    /// Runs `call` in `job`'s context. The call is owned by the executor from here on, so that
+    /// its input (a model request carries the whole transcript) is never copied.
+    ///
+    /// A model or tool call is started on the calling thread (the dispatcher): its started
+    /// record is built and handed to the journal, which never blocks here, and once the record
+    /// is durable the effect is queued for an executor thread. Every other call is queued as it
+    /// is. Starting an effect on an executor cost a thread hand-off (and, with the executors
+    /// parked, a wake-up) per model or tool call for work that never blocks.
     fn submit(&self, job: Job, call: CallbackInput) {
+        if matches!(call, CallbackInput::Model(_) | CallbackInput::Tool(_)) {
+            let method = call.method().as_str();
+            let answer = run(&job, call, &*self.journal, &self.effects, &mut None);
+            conclude(
+                &self.jobs,
+                &*self.journal,
+                &self.internal,
+                job,
+                method,
+                answer,
+                None,
+            );
+            return;
+        }
         // The queue closes only when the executor is dropped, and then nobody submits.
         let _ = self.jobs.push(Work::Call(job, call));
     }
@@ -175,38 +205,52 @@ fn serve(
                 (job, method, answer)
             }
         };
-        let session = job.session.clone();
         // From here to the end of the iteration this thread only hands the job's last record to
         // the journal: an effect its flush makes durable meanwhile is what it does next.
         let _between_jobs = BetweenJobs::enter(queue);
-        let reply = Reply {
-            method,
-            job,
-            internal: internal.clone(),
-        };
-        match answer {
-            Ok(Answer::Now(line)) => reply.send(Ok(line), incarnation),
-            Ok(Answer::Start { record, effect }) => {
-                let queue = queue.clone();
-                let then = move |durable: Result<u64, JournalError>| match durable {
-                    Ok(started) => {
-                        let Reply { job, .. } = reply;
-                        perform_next(&queue, Work::Perform(job, effect, started));
-                    }
-                    Err(error) => reply.send(Err(journal_failed(error)), None),
-                };
-                journal.append_effect_then(&session, record, Box::new(then));
-            }
-            Ok(Answer::OnceDurable { record, answer }) => journal.append_effect_then(
-                &session,
-                record,
-                Box::new(move |durable| match durable {
-                    Ok(_) => reply.send(answer, None),
-                    Err(error) => reply.send(Err(journal_failed(error)), None),
-                }),
-            ),
-            Err(error) => reply.send(Err(error), incarnation),
+        conclude(queue, journal, internal, job, method, answer, incarnation);
+    }
+}
+
+/// Acts on a callback's answer, on whichever thread ran the call: sends it, or hands its
+/// record to the journal with what follows once the record is durable.
+fn conclude(
+    queue: &Arc<WorkQueue<Work>>,
+    journal: &dyn Journal,
+    internal: &Sender<Internal>,
+    job: Job,
+    method: &'static str,
+    answer: Result<Answer, RpcError>,
+    incarnation: Option<(String, u64)>,
+) {
+    let session = job.session.clone();
+    let reply = Reply {
+        method,
+        job,
+        internal: internal.clone(),
+    };
+    match answer {
+        Ok(Answer::Now(line)) => reply.send(Ok(line), incarnation),
+        Ok(Answer::Start { record, effect }) => {
+            let queue = queue.clone();
+            let then = move |durable: Result<u64, JournalError>| match durable {
+                Ok(started) => {
+                    let Reply { job, .. } = reply;
+                    perform_next(&queue, Work::Perform(job, effect, started));
+                }
+                Err(error) => reply.send(Err(journal_failed(error)), None),
+            };
+            journal.append_effect_queued(&session, record, Box::new(then));
         }
+        Ok(Answer::OnceDurable { record, answer }) => journal.append_effect_then(
+            &session,
+            record,
+            Box::new(move |durable| match durable {
+                Ok(_) => reply.send(answer, None),
+                Err(error) => reply.send(Err(journal_failed(error)), None),
+            }),
+        ),
+        Err(error) => reply.send(Err(error), incarnation),
     }
 }
 
@@ -267,9 +311,9 @@ fn perform_next(queue: &Arc<WorkQueue<Work>>, work: Work) {
 enum Answer {
     /// The response line, to send now.
     Now(Vec<u8>),
-    /// An effect's started record, and the effect. The executor appends the record and goes
-    /// back to its queue; once the record is durable the effect is queued to be performed
-    /// ([`Work::Perform`]), so that no executor sleeps through another thread's flush.
+    /// An effect's started record, and the effect. The dispatcher appends the record and goes
+    /// on; once the record is durable the effect is queued to be performed ([`Work::Perform`]),
+    /// so that no executor sleeps through another thread's flush.
     Start {
         record: EffectRecord,
         effect: Effect,

@@ -101,6 +101,17 @@ impl Journal for WatchedJournal {
         self.bump();
     }
 
+    fn append_effect_queued(
+        &self,
+        session: &SessionId,
+        record: EffectRecord,
+        done: AppendedCallback,
+    ) {
+        // Bumped as append_effect_then is.
+        self.inner.append_effect_queued(session, record, done);
+        self.bump();
+    }
+
     fn read(
         &self,
         session: &SessionId,

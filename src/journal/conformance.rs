@@ -403,7 +403,8 @@ fn effect_records_read_and_project_as_their_new_records(journal: Arc<dyn Journal
     let started = EffectRecord::started(RecordKind::ModelCallStarted, &started_data).unwrap();
     let (sender, receiver) = crossbeam_channel::bounded(2);
     let durable_then = move |result| sender.send(result).unwrap();
-    journal.append_effect_then(&encoded, started, Box::new(durable_then.clone()));
+    // The started record goes in as the dispatcher appends it: never flushed on this thread.
+    journal.append_effect_queued(&encoded, started, Box::new(durable_then.clone()));
     let waited = std::time::Duration::from_secs(10);
     assert_eq!(receiver.recv_timeout(waited).unwrap().unwrap(), 2);
     let finished = EffectRecord::finished(

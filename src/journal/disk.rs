@@ -624,6 +624,18 @@ impl DiskJournal {
         self.place_body(session, body, Projected::Record(&record))
     }
 
+    /// Appends an effect record from its encoded data; returns its sequence and where its frame
+    /// ends.
+    fn place_effect(
+        &self,
+        session: &SessionId,
+        record: &EffectRecord,
+    ) -> Result<(u64, u64), JournalError> {
+        let body =
+            frame::encode_typed_body(record.kind(), record.data()).map_err(JournalError::Failed)?;
+        self.place_body(session, body, Projected::Record(&record.projected()))
+    }
+
     /// Appends the record whose frame body is `body` and which changes a loaded session's
     /// projections as `projected` says.
     fn place_body(
@@ -810,16 +822,29 @@ impl Journal for DiskJournal {
         record: EffectRecord,
         done: AppendedCallback,
     ) {
-        let placed = frame::encode_typed_body(record.kind(), record.data())
-            .map_err(JournalError::Failed)
-            .and_then(|body| {
-                self.place_body(session, body, Projected::Record(&record.projected()))
-            });
-        match placed {
+        match self.place_effect(session, &record) {
             Ok((sequence, end)) => self.shared.flush_then(
                 end,
                 Box::new(move |durable| done(durable.map(|()| sequence))),
             ),
+            Err(error) => done(Err(error)),
+        }
+    }
+
+    fn append_effect_queued(
+        &self,
+        session: &SessionId,
+        record: EffectRecord,
+        done: AppendedCallback,
+    ) {
+        match self.place_effect(session, &record) {
+            Ok((sequence, end)) => {
+                self.shared.register(
+                    end,
+                    Box::new(move |durable| done(durable.map(|()| sequence))),
+                );
+                self.shared.wake_writer();
+            }
             Err(error) => done(Err(error)),
         }
     }
@@ -3144,6 +3169,37 @@ mod tests {
         journal
             .append_durable(&id(7), kv(json!("after restart")))
             .unwrap();
+    }
+
+    #[test]
+    fn an_effect_appended_queued_is_flushed_by_the_journals_thread_even_when_alone() {
+        // What the dispatcher relies on: it starts effects with append_effect_queued and must
+        // never sleep in a flush, while append_effect_then flushes a lone record right here.
+        let dir = TempDir::new("queued");
+        let journal = open(&dir);
+        let session = id(0);
+        journal.create(&session, created()).unwrap();
+        durable(&journal, &session, 1).unwrap();
+        let started = json!({"activation": 1, "ordinal": 0, "request": {"messages": []}});
+        let (sender, receiver) = crossbeam_channel::bounded(2);
+        let report = move |result: Result<u64, JournalError>| {
+            let name = thread::current().name().map(str::to_owned);
+            sender
+                .send((result.map_err(|e| e.to_string()), name))
+                .unwrap();
+        };
+        let record = EffectRecord::started(RecordKind::ModelCallStarted, &started).unwrap();
+        journal.append_effect_queued(&session, record, Box::new(report.clone()));
+        let (sequence, flushed_by) = receiver.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert_eq!(sequence, Ok(2));
+        assert_eq!(flushed_by.as_deref(), Some("brain-journal"));
+        durable(&journal, &session, 2).unwrap();
+
+        let record = EffectRecord::started(RecordKind::ModelCallStarted, &started).unwrap();
+        journal.append_effect_then(&session, record, Box::new(report));
+        let (sequence, flushed_by) = receiver.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert_eq!(sequence, Ok(3));
+        assert_eq!(flushed_by, thread::current().name().map(str::to_owned));
     }
 
     /// Durable records per second at 1, 8 and 64 concurrent sessions (one thread each, every

@@ -415,6 +415,23 @@ pub trait Journal: Send + Sync + 'static {
         record: EffectRecord,
         done: AppendedCallback,
     ) {
+        self.append_effect_queued(session, record, done);
+    }
+
+    /// Appends an effect record and calls `done` as [`Journal::append_effect_then`] does, but
+    /// never flushes on the calling thread: `done` runs on whichever thread makes the record
+    /// durable (inline only when that is this one without waiting, as in a journal whose
+    /// records are durable at once).
+    ///
+    /// For the dispatcher, which starts model and tool calls itself and must never wait for the
+    /// disk. The default is the default of [`Journal::append_effect_then`]. A wrapper that
+    /// delegates to another journal should delegate this too.
+    fn append_effect_queued(
+        &self,
+        session: &SessionId,
+        record: EffectRecord,
+        done: AppendedCallback,
+    ) {
         match self.append(session, record.to_record()) {
             Ok(sequence) => {
                 self.on_durable(
