@@ -140,10 +140,12 @@ impl Drop for Served {
             if let Ok(status) = self.exited.try_recv() {
                 self.status = status.ok();
             } else {
-                // Still running (a failed test): its workers first, while it still holds them,
-                // then the server; then reap it.
+                // Still running: its workers first, while it still holds them, then the server;
+                // then reap it. Each worker leads a process group of its own (Brain puts it
+                // there), which holds what the harness started: an adapter's `opencode serve`
+                // outlived a kill of the adapter's pid alone.
                 for pid in children_of(self.pid) {
-                    signal(pid, Signal::SIGKILL);
+                    signal_group(pid, Signal::SIGKILL);
                 }
                 signal(self.pid, Signal::SIGKILL);
                 let _ = self.exited.recv_timeout(WAIT);
@@ -152,9 +154,20 @@ impl Drop for Served {
         // Workers that outlived it (a failed test): only if the pid still runs a harness.
         for &pid in &self.workers {
             if harness_alive(pid) {
-                signal(pid, Signal::SIGKILL);
+                signal_group(pid, Signal::SIGKILL);
             }
         }
+    }
+}
+
+/// Sends `signal` to the process group `pid` leads, or to `pid` alone if it leads none.
+pub fn signal_group(pid: u32, signal: Signal) {
+    let leads = nix::unistd::getpgid(Some(Pid::from_raw(pid as i32)))
+        .is_ok_and(|group| group.as_raw() == pid as i32);
+    if leads {
+        let _ = nix::sys::signal::killpg(Pid::from_raw(pid as i32), signal);
+    } else {
+        self::signal(pid, signal);
     }
 }
 
