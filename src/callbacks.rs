@@ -27,7 +27,7 @@ use crate::dispatch::{Dispatcher, Internal};
 use crate::effects::{
     Effects, EnvironmentDriver, EnvironmentSpec, ModelCall, ModelProvider, ToolCall,
 };
-use crate::handoff::WorkQueue;
+use crate::handoff::{Consumer, WorkQueue};
 use crate::journal::{EffectRecord, Journal, JournalError, NewRecord};
 use crate::metrics::Metrics;
 use crate::pool::{Deadline, SlotQueue};
@@ -95,7 +95,10 @@ impl Executor {
         effects: Effects,
         internal: Sender<Internal>,
     ) -> std::io::Result<Executor> {
-        let jobs = Arc::new(WorkQueue::new());
+        // As many executors run at once, without blocking, as there are CPUs to run them; the
+        // others are woken only as those block (see `WorkQueue`).
+        let runners = std::thread::available_parallelism().map_or(1, usize::from);
+        let jobs = Arc::new(WorkQueue::new(runners));
         for n in 0..threads.max(1) {
             let (queue, journal, effects, internal) = (
                 jobs.clone(),
@@ -129,6 +132,7 @@ impl Executor {
             let answer = run(&job, call, &*self.journal, &self.effects, &mut None);
             conclude(
                 &self.jobs,
+                None,
                 &*self.journal,
                 &self.internal,
                 job,
@@ -180,6 +184,14 @@ impl Effect {
             Effect::Tool { .. } => CallbackMethod::Tool.as_str(),
         }
     }
+
+    /// Whether performing it never blocks (see [`ModelProvider::answers_at_once`]).
+    fn answers_at_once(&self) -> bool {
+        match self {
+            Effect::Model { provider, .. } => provider.answers_at_once(),
+            Effect::Tool { driver, .. } => driver.answers_at_once(),
+        }
+    }
 }
 
 fn serve(
@@ -188,18 +200,26 @@ fn serve(
     effects: &Effects,
     internal: &Sender<Internal>,
 ) {
+    let mut me = Consumer::default();
     while let Some(work) = PERFORM_NEXT
         .with_borrow_mut(Option::take)
-        .or_else(|| queue.pop())
+        .or_else(|| queue.pop(&mut me))
     {
         let mut incarnation = None;
+        // Before anything that may block, the work queued behind this job gets a thread of
+        // its own (see `WorkQueue`): every call but a model or tool call (which the dispatcher
+        // started) waits for the journal, and so does an effect that may block.
         let (job, method, answer) = match work {
             Work::Call(job, call) => {
+                queue.hand_off(&mut me);
                 let method = call.method().as_str();
                 let answer = run(&job, call, journal, effects, &mut incarnation);
                 (job, method, answer)
             }
             Work::Perform(job, effect, started) => {
+                if !effect.answers_at_once() {
+                    queue.hand_off(&mut me);
+                }
                 let method = effect.method();
                 let answer = perform(&job, effect, started);
                 (job, method, answer)
@@ -208,14 +228,26 @@ fn serve(
         // From here to the end of the iteration this thread only hands the job's last record to
         // the journal: an effect its flush makes durable meanwhile is what it does next.
         let _between_jobs = BetweenJobs::enter(queue);
-        conclude(queue, journal, internal, job, method, answer, incarnation);
+        conclude(
+            queue,
+            Some(&mut me),
+            journal,
+            internal,
+            job,
+            method,
+            answer,
+            incarnation,
+        );
     }
 }
 
-/// Acts on a callback's answer, on whichever thread ran the call: sends it, or hands its
-/// record to the journal with what follows once the record is durable.
+/// Acts on a callback's answer, on whichever thread ran the call (`me` on an executor, `None`
+/// on the dispatcher): sends it, or hands its record to the journal with what follows once the
+/// record is durable.
+#[allow(clippy::too_many_arguments)]
 fn conclude(
     queue: &Arc<WorkQueue<Work>>,
+    me: Option<&mut Consumer>,
     journal: &dyn Journal,
     internal: &Sender<Internal>,
     job: Job,
@@ -242,14 +274,21 @@ fn conclude(
             };
             journal.append_effect_queued(&session, record, Box::new(then));
         }
-        Ok(Answer::OnceDurable { record, answer }) => journal.append_effect_then(
-            &session,
-            record,
-            Box::new(move |durable| match durable {
+        Ok(Answer::OnceDurable { record, answer }) => {
+            let then: crate::journal::AppendedCallback = Box::new(move |durable| match durable {
                 Ok(_) => reply.send(answer, None),
                 Err(error) => reply.send(Err(journal_failed(error)), None),
-            }),
-        ),
+            });
+            // Flushing here blocks this thread: it does so only on an executor with no job
+            // queued behind it, which first hands off (stops counting as running).
+            match me {
+                Some(me) if queue.is_empty() => {
+                    queue.hand_off(me);
+                    journal.append_effect_then(&session, record, then);
+                }
+                _ => journal.append_effect_queued(&session, record, then),
+            }
+        }
         Err(error) => reply.send(Err(error), incarnation),
     }
 }

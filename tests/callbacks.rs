@@ -4,12 +4,15 @@
 mod common;
 
 use brain::cancel::CancelToken;
-use brain::effects::{EffectError, Effects, EnvironmentDriver, ToolCall};
-use brain::protocol::harness::{Block, Event, ToolOutcome, ToolResult, UserInput};
+use brain::effects::{EffectError, Effects, EnvironmentDriver, ModelCall, ModelProvider, ToolCall};
+use brain::protocol::harness::{
+    Block, ErrorCode, Event, Message, ModelResult, Role, StopReason, ToolOutcome, ToolResult,
+    Usage, UserInput,
+};
 use brain::{Activation, Brain, Config, Options, Outcome, OutcomeKind, Registrations, Session};
 use common::*;
 use serde_json::{Value, json};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 fn text(text: &str) -> UserInput {
@@ -631,4 +634,76 @@ fn the_built_in_local_driver_runs_tools_as_commands() {
         "{}",
         refused.message
     );
+}
+
+/// A model provider whose calls answer only once `needed` calls have come in: they can all
+/// answer only if all of them were inside it at the same time.
+struct Gathering {
+    needed: usize,
+    arrived: Mutex<usize>,
+    all_in: Condvar,
+}
+
+impl ModelProvider for Gathering {
+    fn call(&self, _: &ModelCall<'_>, _: &CancelToken) -> Result<ModelResult, EffectError> {
+        let mut arrived = self.arrived.lock().unwrap();
+        *arrived += 1;
+        self.all_in.notify_all();
+        let (arrived, waited) = self
+            .all_in
+            .wait_timeout_while(arrived, Duration::from_secs(10), |arrived| {
+                *arrived < self.needed
+            })
+            .unwrap();
+        if waited.timed_out() {
+            return Err(EffectError::Failed {
+                code: ErrorCode::ModelFailed,
+                message: format!("only {} of {} calls ran at once", *arrived, self.needed),
+            });
+        }
+        Ok(ModelResult {
+            message: Message::text(Role::Assistant, "all in"),
+            stop_reason: StopReason::EndTurn,
+            usage: Usage::default(),
+            model: None,
+        })
+    }
+}
+
+/// The callback threads wake each other only up to one running per CPU; a model call that may
+/// block must still get a thread of its own, or calls queued behind it wait for it.
+#[test]
+fn model_calls_that_block_all_run_at_once_on_any_number_of_cpus() {
+    const SESSIONS: usize = 8;
+    let registrations = Registrations::from_vec(vec![fault("h", &[])]).unwrap();
+    let mut config = Config::new(registrations);
+    config.options = options("gather");
+    let gathering = Gathering {
+        needed: SESSIONS,
+        arrived: Mutex::new(0),
+        all_in: Condvar::new(),
+    };
+    config.effects = Effects::default().with_provider("gathering", Arc::new(gathering));
+    let brain = Brain::start(config).unwrap();
+    let calls = json!([{"method": "model", "input": {"messages": [
+        {"role": "user", "content": [{"type": "text", "text": "hi"}]}]}}]);
+    let activations: Vec<Activation> = (0..SESSIONS)
+        .map(|_| {
+            let session = create(
+                &brain,
+                json!({"agentloop": {"name": "h", "configuration": {"fault": "calls", "calls": calls}},
+                       "model": {"provider": "gathering", "name": "m"}}),
+            );
+            session.send(text("go")).unwrap()
+        })
+        .collect();
+    for activation in &activations {
+        let outcome = wait(activation);
+        assert_eq!(outcome.outcome, OutcomeKind::Completed, "{outcome:?}");
+        let answers = &outcome.result.unwrap()["answers"];
+        assert_eq!(
+            answers[0]["result"]["message"]["content"][0]["text"], "all in",
+            "{answers}"
+        );
+    }
 }

@@ -22,14 +22,23 @@ use std::sync::Arc;
 /// Unbounded: producers never block. [`close`](Self::close) makes later pushes fail and wakes every
 /// waiting consumer once the queue is drained.
 ///
-/// Wake-ups are chained: a push wakes a consumer only when it makes the queue non-empty, and a
-/// consumer that takes an item and leaves others behind wakes the next consumer before it works
-/// on its own. A producer that queues a burst (the journal's thread, making a batch of effects
-/// durable) thus pays for one wake-up instead of one per item, and the others are paid by the
-/// consumers, in parallel; every item still gets a consumer of its own as soon as one is free.
+/// Wake-ups are handed on, not broadcast. A push wakes a consumer only when it makes the queue
+/// non-empty. A consumer that takes an item and leaves others behind wakes the next one only
+/// while fewer than the queue's `runners` consumers are running (taken an item and not blocked
+/// since); otherwise it works on and comes back for the next itself. A consumer about to block
+/// calls [`hand_off`](Self::hand_off) first, which stops counting it as running and wakes the
+/// next consumer for what is left. A burst of work that never blocks (the journal's thread
+/// making a batch of instant effects durable) thus wakes as many consumers as can run at once
+/// (one per CPU) instead of one per item, while a burst of blocking work still gets a consumer
+/// per item, each woken by the one before it as that one blocks.
+///
+/// The rule consumers must keep: call `hand_off` before anything that may block (I/O, a wait on
+/// another thread, a provider's call), or items queued behind the item in hand wait for it.
 pub struct WorkQueue<T> {
     state: Mutex<QueueState<T>>,
     ready: Condvar,
+    /// How many consumers may run at once before a consumer stops waking others for the queue.
+    runners: usize,
 }
 
 struct QueueState<T> {
@@ -37,24 +46,56 @@ struct QueueState<T> {
     closed: bool,
     /// Consumers blocked in [`WorkQueue::pop`] (the tests wait for them).
     waiting: usize,
+    /// Consumers that took an item and have neither come back nor handed off since.
+    running: usize,
+    /// Consumers woken that have not taken the lock again yet: on their way to an item.
+    woken: usize,
+}
+
+impl<T> QueueState<T> {
+    /// Whether a parked consumer should be woken: items are queued that no woken consumer is on
+    /// its way to, fewer than `runners` consumers run or are on their way, and one is parked
+    /// that was not woken already. If so it is counted as woken, and the caller notifies once
+    /// it has let go of the lock.
+    fn wake_one(&mut self, runners: usize) -> bool {
+        let wake = self.items.len() > self.woken
+            && self.running + self.woken < runners
+            && self.waiting > self.woken;
+        if wake {
+            self.woken += 1;
+        }
+        wake
+    }
+}
+
+/// One consumer's standing in its [`WorkQueue`]: whether it is counted as running. Each
+/// consumer thread keeps its own and passes it to every [`WorkQueue::pop`] and
+/// [`WorkQueue::hand_off`].
+#[derive(Debug, Default)]
+pub struct Consumer {
+    running: bool,
 }
 
 impl<T> Default for WorkQueue<T> {
     fn default() -> WorkQueue<T> {
-        WorkQueue::new()
+        WorkQueue::new(1)
     }
 }
 
 impl<T> WorkQueue<T> {
-    /// An empty, open queue.
-    pub fn new() -> WorkQueue<T> {
+    /// An empty, open queue whose consumers wake each other up to `runners` running at once (at
+    /// least one).
+    pub fn new(runners: usize) -> WorkQueue<T> {
         WorkQueue {
             state: Mutex::new(QueueState {
                 items: VecDeque::new(),
                 closed: false,
                 waiting: 0,
+                running: 0,
+                woken: 0,
             }),
             ready: Condvar::new(),
+            runners: runners.max(1),
         }
     }
 
@@ -65,25 +106,30 @@ impl<T> WorkQueue<T> {
         if state.closed {
             return Err(item);
         }
-        let was_empty = state.items.is_empty();
         state.items.push_back(item);
+        let wake = state.wake_one(self.runners);
         drop(state);
-        if was_empty {
+        if wake {
             self.ready.notify_one();
         }
         Ok(())
     }
 
-    /// Takes the oldest item, blocking while the queue is empty and open. `None` once the queue is
-    /// closed and empty.
-    pub fn pop(&self) -> Option<T> {
+    /// Takes the oldest item for `me`, blocking while the queue is empty and open, and wakes the
+    /// next consumer if items are left and fewer than `runners` consumers run (see the type's
+    /// docs). `None` once the queue is closed and empty.
+    pub fn pop(&self, me: &mut Consumer) -> Option<T> {
         let mut state = self.state.lock();
+        if std::mem::take(&mut me.running) {
+            state.running -= 1;
+        }
         loop {
             if let Some(item) = state.items.pop_front() {
-                let more = !state.items.is_empty();
+                state.running += 1;
+                me.running = true;
+                let wake = state.wake_one(self.runners);
                 drop(state);
-                if more {
-                    // The next item's consumer is woken here, not by its producer (see above).
+                if wake {
                     self.ready.notify_one();
                 }
                 return Some(item);
@@ -94,6 +140,40 @@ impl<T> WorkQueue<T> {
             state.waiting += 1;
             self.ready.wait(&mut state);
             state.waiting -= 1;
+            state.woken = state.woken.saturating_sub(1);
+        }
+    }
+
+    /// Stops counting `me` as running and wakes a consumer blocked in [`WorkQueue::pop`] if
+    /// items are queued: for a consumer that is about to block, so that what is queued behind
+    /// its item does not wait for it (see the type's docs).
+    pub fn hand_off(&self, me: &mut Consumer) {
+        let mut state = self.state.lock();
+        if std::mem::take(&mut me.running) {
+            state.running -= 1;
+        }
+        if state.wake_one(self.runners) {
+            drop(state);
+            self.ready.notify_one();
+        }
+    }
+
+    /// Whether no item is queued.
+    pub fn is_empty(&self) -> bool {
+        self.state.lock().items.is_empty()
+    }
+
+    /// Queues `items` under one lock, waking a consumer if the queue was empty: a burst that is
+    /// all queued before the woken consumer runs (which a producer's pushes one by one only
+    /// usually are).
+    #[cfg(test)]
+    fn push_burst(&self, items: impl IntoIterator<Item = T>) {
+        let mut state = self.state.lock();
+        state.items.extend(items);
+        let wake = state.wake_one(self.runners);
+        drop(state);
+        if wake {
+            self.ready.notify_one();
         }
     }
 
@@ -228,23 +308,27 @@ mod tests {
 
     #[test]
     fn the_queue_hands_out_in_order_then_ends_after_close() {
-        let queue = Arc::new(WorkQueue::new());
+        let queue = Arc::new(WorkQueue::new(4));
         for n in 0..100u32 {
             queue.push(n).unwrap();
         }
         queue.close();
         assert_eq!(queue.push(100), Err(100));
-        let taken: Vec<u32> = std::iter::from_fn(|| queue.pop()).collect();
+        let mut me = Consumer::default();
+        let taken: Vec<u32> = std::iter::from_fn(|| queue.pop(&mut me)).collect();
         assert_eq!(taken, (0..100).collect::<Vec<_>>());
     }
 
     #[test]
     fn each_item_goes_to_exactly_one_of_several_consumers() {
-        let queue = Arc::new(WorkQueue::new());
+        let queue = Arc::new(WorkQueue::new(4));
         let consumers: Vec<_> = (0..4)
             .map(|_| {
                 let queue = queue.clone();
-                std::thread::spawn(move || std::iter::from_fn(|| queue.pop()).collect::<Vec<u32>>())
+                std::thread::spawn(move || {
+                    let mut me = Consumer::default();
+                    std::iter::from_fn(|| queue.pop(&mut me)).collect::<Vec<u32>>()
+                })
             })
             .collect();
         for n in 0..10_000u32 {
@@ -261,13 +345,13 @@ mod tests {
 
     #[test]
     fn close_wakes_a_consumer_blocked_on_an_empty_queue() {
-        let queue = Arc::new(WorkQueue::<u32>::new());
+        let queue = Arc::new(WorkQueue::<u32>::new(1));
         let (started_tx, started) = crossbeam_channel::bounded(1);
         let consumer = {
             let queue = queue.clone();
             std::thread::spawn(move || {
                 started_tx.send(()).unwrap();
-                queue.pop()
+                queue.pop(&mut Consumer::default())
             })
         };
         started.recv_timeout(Duration::from_secs(10)).unwrap();
@@ -275,21 +359,75 @@ mod tests {
         assert_eq!(consumer.join().unwrap(), None);
     }
 
-    /// A burst wakes one consumer; the chain must still give every item a consumer of its own.
-    /// Each item here is held until all four are held at once, which only four consumers
-    /// working in parallel can do.
+    /// Blocks until `queue` has `consumers` consumers parked in `pop`.
+    fn wait_parked<T>(queue: &WorkQueue<T>, consumers: usize) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while queue.waiting() < consumers {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the consumers never blocked"
+            );
+            std::thread::yield_now();
+        }
+    }
+
+    /// A burst wakes no more consumers than may run at once (one here), and a consumer that does
+    /// not block wakes nobody: it takes the whole burst itself while the others stay parked.
     #[test]
-    fn a_burst_pushed_to_sleeping_consumers_is_worked_on_in_parallel() {
+    fn a_burst_of_work_that_never_blocks_wakes_no_more_consumers_than_may_run() {
+        const CONSUMERS: usize = 3;
+        let queue = Arc::new(WorkQueue::new(1));
+        let consumers: Vec<_> = (0..CONSUMERS)
+            .map(|_| {
+                let queue = queue.clone();
+                std::thread::spawn(move || {
+                    let (mut taken, mut me) = (Vec::new(), Consumer::default());
+                    while let Some(item) = queue.pop(&mut me) {
+                        // Every other consumer is still parked while this one works.
+                        let others_parked = queue.waiting() == CONSUMERS - 1;
+                        taken.push((item, others_parked));
+                    }
+                    taken
+                })
+            })
+            .collect();
+        wait_parked(&queue, CONSUMERS);
+        queue.push_burst(0..5u32);
+        // Once the burst is taken the consumer parks again: close only then, so that the close's
+        // wake-ups are not mistaken for the burst's.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !queue.is_empty() || queue.waiting() < CONSUMERS {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the burst was not taken"
+            );
+            std::thread::yield_now();
+        }
+        queue.close();
+        let taken: Vec<Vec<(u32, bool)>> =
+            consumers.into_iter().map(|c| c.join().unwrap()).collect();
+        let busy: Vec<_> = taken.iter().filter(|t| !t.is_empty()).collect();
+        assert_eq!(busy.len(), 1, "{taken:?}");
+        assert_eq!(*busy[0], (0..5).map(|n| (n, true)).collect::<Vec<_>>());
+    }
+
+    /// Consumers that hand off before they block must give every item of a burst a consumer of
+    /// its own, however few may run at once (one here). Each item is held (a block) until all
+    /// four are held at once, which only four consumers working in parallel can do.
+    #[test]
+    fn a_burst_of_blocking_work_is_worked_on_in_parallel() {
         const CONSUMERS: usize = 4;
-        let queue = Arc::new(WorkQueue::new());
+        let queue = Arc::new(WorkQueue::new(1));
         let held = Arc::new((Mutex::new(0usize), Condvar::new()));
         let consumers: Vec<_> = (0..CONSUMERS)
             .map(|_| {
                 let (queue, held) = (queue.clone(), held.clone());
                 std::thread::spawn(move || {
-                    let Some(_item) = queue.pop() else {
+                    let mut me = Consumer::default();
+                    let Some(_item) = queue.pop(&mut me) else {
                         return false;
                     };
+                    queue.hand_off(&mut me);
                     let (count, all_held) = &*held;
                     let mut count = count.lock();
                     *count += 1;
@@ -304,17 +442,8 @@ mod tests {
                 })
             })
             .collect();
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while queue.waiting() < CONSUMERS {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the consumers never blocked"
-            );
-            std::thread::yield_now();
-        }
-        for n in 0..CONSUMERS as u32 {
-            queue.push(n).unwrap();
-        }
+        wait_parked(&queue, CONSUMERS);
+        queue.push_burst(0..CONSUMERS as u32);
         for consumer in consumers {
             assert!(
                 consumer.join().unwrap(),

@@ -74,6 +74,19 @@ pub trait ModelProvider: Send + Sync {
     /// request was definitely not processed, [`EffectError::Unknown`] when it was sent and the
     /// answer was lost. Brain never retries either.
     fn call(&self, call: &ModelCall<'_>, cancel: &CancelToken) -> Result<ModelResult, EffectError>;
+
+    /// Whether every [`call`](ModelProvider::call) returns at once: computed in memory, with no
+    /// I/O, no sleep and no wait on another thread. The default, `false`, is right for anything
+    /// that talks to a model.
+    ///
+    /// Brain's callback threads share one queue. A thread about to make a call that may block
+    /// first wakes another for the work queued behind it; one about to make a call that answers
+    /// at once does not, and takes the next job itself afterwards, which spares a wake-up per
+    /// call. A provider that says `true` and then blocks delays the callbacks queued behind it
+    /// (never loses them).
+    fn answers_at_once(&self) -> bool {
+        false
+    }
 }
 
 /// Why an effect did not produce its result. Decides the `*_finished` record's outcome and the
@@ -181,6 +194,13 @@ pub trait EnvironmentDriver: Send + Sync {
         call: &ToolCall<'_>,
         cancel: &CancelToken,
     ) -> Result<ToolResult, EffectError>;
+
+    /// Whether every [`call_tool`](EnvironmentDriver::call_tool) returns at once, computed in
+    /// memory without I/O or waiting; see [`ModelProvider::answers_at_once`]. The default,
+    /// `false`, is right for every driver that runs something.
+    fn answers_at_once(&self) -> bool {
+        false
+    }
 
     /// Creates or re-creates `environment` for `session_id` (`environments.setup`), blocking until
     /// done. The default does nothing and succeeds: for drivers with nothing to set up.

@@ -133,6 +133,11 @@ impl ModelProvider for ScriptedProvider {
         }
         self.answer(call)
     }
+
+    /// `true`: a script entry or an echo, computed in memory.
+    fn answers_at_once(&self) -> bool {
+        true
+    }
 }
 
 /// The entry at `ordinal` of a session's script (a JSON value from the request or the model).

@@ -327,6 +327,10 @@ impl EnvironmentDriver for InstantDriver {
             is_error: false,
         })
     }
+
+    fn answers_at_once(&self) -> bool {
+        true
+    }
 }
 
 /// Tool calls per round and rounds with tools per tool-loop turn.
