@@ -63,6 +63,7 @@ impl Host {
             token: None,
             env: &[("OPENAI_API_KEY", PROVIDER_KEY)],
             uid,
+            umask: None,
         }
         .run();
         let root = uid.is_none() && unsafe { libc::geteuid() } == 0;
@@ -596,6 +597,7 @@ fn a_sandboxed_worker_sees_its_state_root_and_nothing_else_of_the_data_directory
         token: None,
         env: &[("OPENAI_API_KEY", PROVIDER_KEY)],
         uid: None,
+        umask: None,
     }
     .run();
     let seen = std::fs::read_to_string(state_root.join("probe.txt")).expect("the probe's report");

@@ -179,6 +179,7 @@ fn the_typed_client_drives_each_installed_adapter_from_its_selection() {
         token: None,
         env: &[("PATH", &installed.path)],
         uid: None,
+        umask: None,
     }
     .run();
     let modules = installed

@@ -226,6 +226,7 @@ fn three_instances_behind_nginx_share_sessions_and_one_killed_affects_only_its_o
             token: Some(token),
             env: &[],
             uid: None,
+            umask: None,
         }
         .run()
     };
@@ -419,6 +420,7 @@ fn the_cli_merges_every_instances_listing_and_names_one_that_does_not_answer() {
             token: Some(token),
             env: &[],
             uid: None,
+            umask: None,
         }
         .run()
     };

@@ -17,17 +17,17 @@
 mod common;
 
 use common::http::{Reply, encode, read_reply};
+use common::server::{Api, Served, Start};
 
 use brain::session::{CreateSession, SessionId};
 use brain::{Activation, Brain, OutcomeKind, Registration, Registrations, Session};
 use common::*;
 use serde_json::{Value, json};
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufReader, Write};
 use std::net::TcpStream;
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 const OPENAI_KEY: &str = "sk-security-test-openai-7f3e9a1b2c";
@@ -306,9 +306,9 @@ fn tree(root: &Path) -> Vec<PathBuf> {
 
 #[test]
 fn traversal_ids_are_refused_by_every_http_route_and_the_cli() {
-    let server = Served::start("security-traversal", &[("BRAIN_API_TOKEN", API_TOKEN)]);
-    let id = server.create_session();
-    let root = server.data.parent().unwrap().to_owned();
+    let (data, mut server) = serve_f("security-traversal", Some(API_TOKEN), &[], None);
+    let id = server.create("f", json!({}));
+    let root = data.parent().unwrap().to_owned();
     let before = tree(&root);
     let records = server.call("GET", &format!("/v1/sessions/{id}/events"), None);
     assert_eq!(records.status, 200);
@@ -351,13 +351,14 @@ fn traversal_ids_are_refused_by_every_http_route_and_the_cli() {
         assert_eq!(reply.code(), "invalid_request");
         // The CLI refuses it before touching anything (an argument cannot hold a NUL).
         if !hostile.contains('\0') {
-            let data = server.data.to_string_lossy().into_owned();
+            let data = data.to_string_lossy().into_owned();
+            let address = server.addr.to_string();
             for args in [
                 vec!["journal", data.as_str(), hostile],
                 vec![
                     "sessions",
                     "--listen",
-                    server.address.as_str(),
+                    address.as_str(),
                     "--data-dir",
                     data.as_str(),
                     "show",
@@ -390,43 +391,11 @@ fn traversal_ids_are_refused_by_every_http_route_and_the_cli() {
     assert_eq!(after.body, records.body);
     let list = server.call("GET", "/v1/sessions", None).json();
     assert_eq!(list["sessions"].as_array().map(Vec::len), Some(1), "{list}");
-    server.stop();
+    server.terminate(WAIT);
 }
 
 // ------------------------------------------------------------------------------------------------
 // Secrets and permissions.
-
-/// Pids of the running children of `parent`, from `/proc`.
-fn children_of(parent: u32) -> Vec<u32> {
-    std::fs::read_dir("/proc")
-        .expect("/proc")
-        .flatten()
-        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|&pid| parent_of(pid) == Some(parent))
-        .collect()
-}
-
-/// The harness workers of a `brain serve`: its children through `/proc/<pid>/task/*/children`
-/// where the kernel has it, else every process whose parent it is.
-fn workers_of(serve: u32) -> Vec<u32> {
-    let mut pids: Vec<u32> = std::fs::read_dir(format!("/proc/{serve}/task"))
-        .expect("tasks")
-        .flatten()
-        .filter_map(|task| std::fs::read_to_string(task.path().join("children")).ok())
-        .flat_map(|children| {
-            children
-                .split_whitespace()
-                .filter_map(|pid| pid.parse().ok())
-                .collect::<Vec<u32>>()
-        })
-        .collect();
-    if pids.is_empty() {
-        pids = children_of(serve);
-    }
-    pids.sort_unstable();
-    pids.dedup();
-    pids
-}
 
 fn contains(haystack: &[u8], needle: &str) -> bool {
     haystack
@@ -436,22 +405,22 @@ fn contains(haystack: &[u8], needle: &str) -> bool {
 
 #[test]
 fn a_harness_environment_holds_none_of_brains_secrets() {
-    let server = Served::start(
+    let (_data, mut server) = serve_f(
         "security-environ",
+        Some(API_TOKEN),
         &[
             ("OPENAI_API_KEY", OPENAI_KEY),
             ("ANTHROPIC_API_KEY", ANTHROPIC_KEY),
-            ("BRAIN_API_TOKEN", API_TOKEN),
         ],
+        None,
     );
     // The control: Brain itself has the secrets.
     let own = std::fs::read(format!("/proc/{}/environ", server.pid)).expect("brain's environ");
     for secret in [OPENAI_KEY, ANTHROPIC_KEY, API_TOKEN] {
         assert!(contains(&own, secret), "brain serve was not given {secret}");
     }
-    let workers = workers_of(server.pid);
-    assert_eq!(workers.len(), 2, "two workers of brain serve: {workers:?}");
-    for pid in workers {
+    // Two workers of brain serve.
+    for pid in server.workers(2) {
         let environ = std::fs::read(format!("/proc/{pid}/environ")).expect("environ");
         assert!(
             contains(&environ, "BRAIN_HARNESS_PROTOCOL=brain/harness/v1"),
@@ -470,7 +439,7 @@ fn a_harness_environment_holds_none_of_brains_secrets() {
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).expect("cmdline");
         assert!(!contains(&cmdline, API_TOKEN) && !contains(&cmdline, OPENAI_KEY));
     }
-    server.stop();
+    server.terminate(WAIT);
 }
 
 fn mode(path: &Path) -> u32 {
@@ -484,8 +453,7 @@ fn mode(path: &Path) -> u32 {
 #[test]
 fn the_data_directory_is_0700_and_the_token_file_0600_even_under_umask_0() {
     // No BRAIN_API_TOKEN: the server generates the token file.
-    let server = Served::start("security-modes", &[]);
-    let data = server.data.clone();
+    let (data, mut server) = serve_f("security-modes", None, &[], Some(0));
     assert_eq!(mode(&data), 0o700, "the data directory");
     let token_file = data.join("operator.token");
     assert_eq!(mode(&token_file), 0o600, "the token file");
@@ -497,9 +465,9 @@ fn the_data_directory_is_0700_and_the_token_file_0600_even_under_umask_0() {
         token.len()
     );
     assert_eq!(mode(&data.join("journal")), 0o700, "the journal directory");
-    // A session, with the generated token: its state directory and the journal's segments.
-    let server = server.with_token(&token);
-    let id = server.create_session();
+    // A session, with the generated token (which `Start` read from the same file): its state
+    // directory and the journal's segments.
+    let id = server.create("f", json!({}));
     let state_dir = data.join("agentloops").join("f").join(&id);
     assert_eq!(mode(&state_dir), 0o700, "the session's state directory");
     let segments: Vec<PathBuf> = std::fs::read_dir(data.join("journal"))
@@ -523,7 +491,7 @@ fn the_data_directory_is_0700_and_the_token_file_0600_even_under_umask_0() {
             mode(&full)
         );
     }
-    server.stop();
+    server.terminate(WAIT);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -531,8 +499,8 @@ fn the_data_directory_is_0700_and_the_token_file_0600_even_under_umask_0() {
 
 #[test]
 fn every_v1_route_of_the_binary_refuses_a_missing_or_wrong_token() {
-    let server = Served::start("security-auth", &[("BRAIN_API_TOKEN", API_TOKEN)]);
-    let id = server.create_session();
+    let (_data, mut server) = serve_f("security-auth", Some(API_TOKEN), &[], None);
+    let id = server.create("f", json!({}));
     let records = server.call("GET", &format!("/v1/sessions/{id}/events"), None);
     let message = json!({"content": [{"type": "text", "text": "x"}]}).to_string();
     let create = json!({"agentloop": {"name": "f"}}).to_string();
@@ -560,17 +528,14 @@ fn every_v1_route_of_the_binary_refuses_a_missing_or_wrong_token() {
             if !body.is_empty() {
                 headers.push(("content-type", "application/json"));
             }
-            let reply = exchange(
-                &server.address,
-                &encode(method, path, &headers, body.as_bytes()),
-            );
+            let reply = server.exchange(&encode(method, path, &headers, body.as_bytes()));
             assert_eq!(reply.status, 401, "{method} {path} with {auth:?}");
             assert_eq!(reply.header("www-authenticate"), Some("Bearer"));
             assert_eq!(reply.code(), "invalid_request");
         }
         // A token in the query string is no token.
         let query = format!("{path}?token={API_TOKEN}&access_token={API_TOKEN}");
-        let reply = exchange(&server.address, &encode(method, &query, &[], b""));
+        let reply = server.exchange(&encode(method, &query, &[], b""));
         assert_eq!(reply.status, 401, "{method} {query}");
     }
     // Nothing was done: one session, still open, its journal as it was.
@@ -587,18 +552,20 @@ fn every_v1_route_of_the_binary_refuses_a_missing_or_wrong_token() {
     assert_eq!(after.body, records.body);
     // The probes and the metrics need no token, and give away neither the token nor an id.
     assert_eq!(
-        exchange(&server.address, &encode("GET", "/health/live", &[], b"")).status,
+        server
+            .exchange(&encode("GET", "/health/live", &[], b""))
+            .status,
         204
     );
-    let metrics = exchange(&server.address, &encode("GET", "/metrics", &[], b""));
+    let metrics = server.exchange(&encode("GET", "/metrics", &[], b""));
     assert_eq!(metrics.status, 200);
     assert!(!contains(&metrics.body, API_TOKEN) && !contains(&metrics.body, &id));
-    server.stop();
+    server.terminate(WAIT);
 }
 
 #[test]
 fn oversized_bodies_are_refused_before_they_are_read() {
-    let server = Served::start("security-oversized", &[("BRAIN_API_TOKEN", API_TOKEN)]);
+    let (_data, mut server) = serve_f("security-oversized", Some(API_TOKEN), &[], None);
     let rss_before = rss_kb(server.pid);
     let auth = format!("Bearer {API_TOKEN}");
     // 16 MiB is the default limit. The head alone is answered; the body is never sent.
@@ -608,7 +575,7 @@ fn oversized_bodies_are_refused_before_they_are_read() {
         let head = format!(
             "POST /v1/sessions HTTP/1.1\r\nauthorization: {auth}\r\ncontent-type: application/json\r\ncontent-length: {oversized}\r\n\r\n"
         );
-        let stream = connect(&server.address);
+        let stream = server.connect();
         (&stream).write_all(head.as_bytes()).unwrap();
         streams.push(stream);
     }
@@ -621,7 +588,7 @@ fn oversized_bodies_are_refused_before_they_are_read() {
         assert_eq!(reply.header("connection"), Some("close"));
     }
     // A body that is really sent and really too big: refused, the server unharmed.
-    let stream = connect(&server.address);
+    let stream = server.connect();
     let head = format!(
         "POST /v1/sessions HTTP/1.1\r\nauthorization: {auth}\r\ncontent-type: application/json\r\ncontent-length: {oversized}\r\n\r\n"
     );
@@ -640,23 +607,25 @@ fn oversized_bodies_are_refused_before_they_are_read() {
     let grown = rss_kb(server.pid).saturating_sub(rss_before);
     assert!(grown < 16 * 1024, "brain serve grew by {grown} kB");
     assert_eq!(
-        exchange(&server.address, &encode("GET", "/health/live", &[], b"")).status,
+        server
+            .exchange(&encode("GET", "/health/live", &[], b""))
+            .status,
         204
     );
     assert_eq!(server.call("GET", "/v1/sessions", None).status, 200);
-    server.stop();
+    server.terminate(WAIT);
 }
 
 #[test]
 fn hundreds_of_idle_connections_do_not_exhaust_the_server() {
-    let server = Served::start("security-idle", &[("BRAIN_API_TOKEN", API_TOKEN)]);
+    let (_data, mut server) = serve_f("security-idle", Some(API_TOKEN), &[], None);
     assert_eq!(server.call("GET", "/v1/sessions", None).status, 200);
     let threads_before = threads(server.pid);
     let rss_before = rss_kb(server.pid);
     // 300 connections that send nothing, and 100 kept alive after one request.
-    let mut held: Vec<TcpStream> = (0..300).map(|_| connect(&server.address)).collect();
+    let mut held: Vec<TcpStream> = (0..300).map(|_| server.connect()).collect();
     for _ in 0..100 {
-        let stream = connect(&server.address);
+        let stream = server.connect();
         (&stream)
             .write_all(&encode("GET", "/health/live", &[], b""))
             .unwrap();
@@ -674,7 +643,7 @@ fn hundreds_of_idle_connections_do_not_exhaust_the_server() {
     let grown = rss_kb(server.pid).saturating_sub(rss_before);
     assert!(grown < 32 * 1024, "brain serve grew by {grown} kB");
     // And the API still runs activations.
-    let id = server.create_session();
+    let id = server.create("f", json!({}));
     let reply = server.call(
         "POST",
         &format!("/v1/sessions/{id}/messages"),
@@ -682,17 +651,17 @@ fn hundreds_of_idle_connections_do_not_exhaust_the_server() {
     );
     assert_eq!(reply.status, 200, "{reply:?}");
     assert_eq!(reply.json()["outcome"], "completed");
-    server.stop();
+    server.terminate(WAIT);
     drop(held);
 }
 
 #[test]
 fn idle_connections_closing_at_once_do_not_refuse_real_requests() {
-    let server = Served::start("security-mass-close", &[("BRAIN_API_TOKEN", API_TOKEN)]);
+    let (_data, mut server) = serve_f("security-mass-close", Some(API_TOKEN), &[], None);
     let mut refused = Vec::new();
     // A race, so several rounds: 700 idle connections close while 4 clients probe.
     for round in 0..8 {
-        let held: Vec<TcpStream> = (0..700).map(|_| connect(&server.address)).collect();
+        let held: Vec<TcpStream> = (0..700).map(|_| server.connect()).collect();
         answers_promptly(
             &server,
             &format!("round {round}, 700 idle connections open"),
@@ -705,9 +674,7 @@ fn idle_connections_closing_at_once_do_not_refuse_real_requests() {
                     start.wait();
                     for _ in 0..25 {
                         let probe = encode("GET", "/health/live", &[], b"");
-                        answers
-                            .lock()
-                            .push(exchange_within(&server.address, &probe).status);
+                        answers.lock().push(exchange_within(&server, &probe).status);
                     }
                 });
             }
@@ -721,17 +688,17 @@ fn idle_connections_closing_at_once_do_not_refuse_real_requests() {
         refused.is_empty(),
         "probes refused while idle connections closed: {refused:?}"
     );
-    server.stop();
+    server.terminate(WAIT);
 }
 
 #[test]
 fn half_sent_requests_do_not_stall_the_server() {
-    let server = Served::start("security-slow", &[("BRAIN_API_TOKEN", API_TOKEN)]);
+    let (_data, mut server) = serve_f("security-slow", Some(API_TOKEN), &[], None);
     assert_eq!(server.call("GET", "/v1/sessions", None).status, 200);
     // One half-sent request head per HTTP worker thread of brain serve (16 by default).
     let held: Vec<TcpStream> = (0..16)
         .map(|_| {
-            let stream = connect(&server.address);
+            let stream = server.connect();
             (&stream)
                 .write_all(b"GET /v1/sessions HTTP/1.1\r\nhost: slow\r\nauthorization: Bea")
                 .unwrap();
@@ -740,13 +707,13 @@ fn half_sent_requests_do_not_stall_the_server() {
         .collect();
     answers_promptly(&server, "with the half-sent requests open");
     drop(held);
-    server.stop();
+    server.terminate(WAIT);
 }
 
 /// `/health/live`, an authorised list and an activation, each answered within [`PROMPT`].
 fn answers_promptly(server: &Served, when: &str) {
     let began = Instant::now();
-    let live = exchange_within(&server.address, &encode("GET", "/health/live", &[], b""));
+    let live = exchange_within(server, &encode("GET", "/health/live", &[], b""));
     assert_eq!(live.status, 204, "{when}: {live:?}");
     assert!(
         began.elapsed() < PROMPT,
@@ -756,10 +723,7 @@ fn answers_promptly(server: &Served, when: &str) {
     let began = Instant::now();
     let auth = format!("Bearer {API_TOKEN}");
     let headers = [("authorization", auth.as_str())];
-    let list = exchange_within(
-        &server.address,
-        &encode("GET", "/v1/sessions", &headers, b""),
-    );
+    let list = exchange_within(server, &encode("GET", "/v1/sessions", &headers, b""));
     assert_eq!(list.status, 200, "{when}: {list:?}");
     assert!(
         began.elapsed() < PROMPT,
@@ -768,9 +732,9 @@ fn answers_promptly(server: &Served, when: &str) {
     );
 }
 
-/// [`exchange`] with reads bounded by [`PROMPT`] rather than [`WAIT`].
-fn exchange_within(address: &str, raw: &[u8]) -> Reply {
-    let stream = connect(address);
+/// [`Api::exchange`] with reads bounded by [`PROMPT`] rather than [`WAIT`].
+fn exchange_within(server: &Served, raw: &[u8]) -> Reply {
+    let stream = server.connect();
     stream.set_read_timeout(Some(PROMPT)).expect("read timeout");
     (&stream).write_all(raw).expect("send the request");
     read_reply(&mut BufReader::new(stream))
@@ -796,162 +760,28 @@ fn rss_kb(pid: u32) -> u64 {
 }
 
 // ------------------------------------------------------------------------------------------------
-// `brain serve` as a child process, and a minimal HTTP/1.1 client.
+// `brain serve` as a child process.
 
-/// A running `brain serve` on an ephemeral port with one registration `f` (the fault harness, two
-/// workers). Stopped with SIGTERM and reaped when dropped, on every path; SIGKILL if it does not
-/// exit within [`WAIT`].
-struct Served {
-    child: Option<Child>,
-    pid: u32,
-    address: String,
-    data: PathBuf,
-    token: String,
-}
-
-impl Served {
-    /// Starts it with a umask of 0 and `env` on top of a clean environment (no provider keys, no
-    /// token, no registrations from the environment).
-    fn start(tag: &str, env: &[(&str, &str)]) -> Served {
-        let data = temp_dir(tag).join("data");
-        let agentloops = json!({"f": {"command": FAULT_HARNESS, "workers": 2}}).to_string();
-        let mut command = Command::new(BRAIN);
-        command
-            .args([
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--cancel-grace",
-                "300ms",
-            ])
-            .arg("--data-dir")
-            .arg(&data)
-            .args(["--agentloops", &agentloops])
-            .env_remove("BRAIN_AGENTLOOPS")
-            .env_remove("BRAIN_API_TOKEN")
-            .env_remove("OPENAI_API_KEY")
-            .env_remove("ANTHROPIC_API_KEY")
-            .env("RUST_LOG", "info")
-            .envs(env.iter().copied())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        // SAFETY: umask is async-signal-safe and touches nothing of the parent.
-        unsafe {
-            command.pre_exec(|| {
-                nix::sys::stat::umask(nix::sys::stat::Mode::empty());
-                Ok(())
-            });
-        }
-        let mut child = command.spawn().expect("spawn brain serve");
-        let pid = child.id();
-        let stderr = child.stderr.take().expect("stderr");
-        let (lines_tx, lines) = crossbeam_channel::unbounded();
-        // Drains stderr until brain serve exits, so that it never blocks on a full pipe.
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                let _ = lines_tx.send(line);
-            }
-        });
-        let mut served = Served {
-            child: Some(child),
-            pid,
-            address: String::new(),
-            data,
-            token: env
-                .iter()
-                .find(|(name, _)| *name == "BRAIN_API_TOKEN")
-                .map(|(_, value)| (*value).to_owned())
-                .unwrap_or_default(),
-        };
-        let deadline = Instant::now() + WAIT;
-        let mut seen = Vec::new();
-        while served.address.is_empty() {
-            let left = deadline.saturating_duration_since(Instant::now());
-            // On a timeout `served` is dropped, which stops and reaps the child.
-            let line = lines
-                .recv_timeout(left)
-                .unwrap_or_else(|_| panic!("brain serve did not say where it listens: {seen:?}"));
-            if let Some(rest) = line.split("serving on http://").nth(1) {
-                served.address = rest
-                    .split_whitespace()
-                    .next()
-                    .unwrap_or_default()
-                    .to_owned();
-            }
-            seen.push(line);
-        }
-        served
+/// Starts `brain serve` on a fresh data directory with one registration `f` (the fault harness,
+/// two workers), `token` as its `BRAIN_API_TOKEN` (without one it generates
+/// `<data>/operator.token`), `env` and `umask`; the data directory and the server, which is killed
+/// and reaped with its workers when dropped, on every path.
+fn serve_f(
+    tag: &str,
+    token: Option<&str>,
+    env: &[(&str, &str)],
+    umask: Option<u32>,
+) -> (PathBuf, Served) {
+    let data = temp_dir(tag).join("data");
+    let served = Start {
+        data: &data,
+        registrations: json!({"f": {"command": FAULT_HARNESS, "workers": 2}}),
+        extra: &[],
+        token,
+        env,
+        uid: None,
+        umask,
     }
-
-    fn with_token(mut self, token: &str) -> Served {
-        self.token = token.to_owned();
-        self
-    }
-
-    /// An authorised request with a JSON body (if any) on a fresh connection.
-    fn call(&self, method: &str, path: &str, body: Option<Value>) -> Reply {
-        let auth = format!("Bearer {}", self.token);
-        let mut headers = vec![("authorization", auth.as_str()), ("connection", "close")];
-        let body = body.map(|b| b.to_string().into_bytes()).unwrap_or_default();
-        if !body.is_empty() {
-            headers.push(("content-type", "application/json"));
-        }
-        exchange(&self.address, &encode(method, path, &headers, &body))
-    }
-
-    /// Creates a session of `f` and returns its id.
-    fn create_session(&self) -> String {
-        let reply = self.call(
-            "POST",
-            "/v1/sessions",
-            Some(json!({"agentloop": {"name": "f"}})),
-        );
-        assert_eq!(reply.status, 201, "{reply:?}");
-        reply.json()["session_id"].as_str().unwrap().to_owned()
-    }
-
-    /// SIGTERM, then a bounded wait; asserts a clean exit.
-    fn stop(mut self) {
-        let code = self.terminate();
-        assert_eq!(code, Some(0), "brain serve did not stop cleanly");
-    }
-
-    /// Stops and reaps the child (SIGTERM, then SIGKILL after [`WAIT`]); its exit code.
-    fn terminate(&mut self) -> Option<i32> {
-        let mut child = self.child.take()?;
-        let pid = nix::unistd::Pid::from_raw(self.pid as i32);
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-        let (tx, rx) = crossbeam_channel::bounded(1);
-        let waiter = std::thread::spawn(move || {
-            let _ = tx.send(child.wait());
-        });
-        let status = match rx.recv_timeout(WAIT) {
-            Ok(status) => status,
-            Err(_) => {
-                // Not reaped yet (the waiter still waits), so the pid is still ours.
-                let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
-                rx.recv().expect("the waiter reports")
-            }
-        };
-        let _ = waiter.join();
-        status.ok().and_then(|status| status.code())
-    }
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        self.terminate();
-    }
-}
-
-fn connect(address: &str) -> TcpStream {
-    common::http::connect(address.parse().expect("an address"))
-}
-
-/// Sends raw bytes on a fresh connection and reads one response.
-fn exchange(address: &str, raw: &[u8]) -> Reply {
-    let stream = connect(address);
-    (&stream).write_all(raw).expect("send the request");
-    read_reply(&mut BufReader::new(stream)).expect("a response")
+    .run();
+    (data, served)
 }

@@ -678,6 +678,7 @@ fn sigterm_under_load_drains_cancels_the_rest_loses_nothing_and_leaves_no_proces
         token: Some(token),
         env: &[],
         uid: None,
+        umask: None,
     }
     .run();
     // Each slow run waits 400 ms before each of its two callbacks: it is still running when the
@@ -793,6 +794,7 @@ fn sigterm_under_load_drains_cancels_the_rest_loses_nothing_and_leaves_no_proces
         token: Some(token),
         env: &[],
         uid: None,
+        umask: None,
     }
     .run();
     for (id, sequence) in &running {

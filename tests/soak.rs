@@ -330,6 +330,7 @@ impl World {
             token: Some("soak-token"),
             env: &env,
             uid: None,
+            umask: None,
         }
         .run()
     }

@@ -1,7 +1,9 @@
 //! `brain serve` as a real process for the tests that drive the binary: started as an operator
 //! starts it (registrations in `--agentloops`, an ephemeral port read from its log), talked to over
 //! HTTP/1.1 on fresh connections, stopped with real signals, and killed and reaped with its
-//! workers when the test ends, pass or fail. Shared by tests/serve_e2e.rs and tests/soak.rs.
+//! workers when the test ends, pass or fail. Shared by tests/serve_e2e.rs, tests/soak.rs,
+//! tests/security.rs, tests/isolation.rs, tests/scaling.rs, tests/packages.rs,
+//! tests/idempotency.rs and tests/openapi.rs.
 
 pub use super::http::Api;
 use super::{BRAIN, WAIT, all_pids, not_running, parent_of};
@@ -11,6 +13,7 @@ use nix::unistd::Pid;
 use serde_json::Value;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
@@ -47,6 +50,9 @@ pub struct Start<'a> {
     pub env: &'a [(&'a str, &'a str)],
     /// Run the server as this uid and gid (the tests run as root) instead of the test's own.
     pub uid: Option<u32>,
+    /// Start the server under this umask instead of the test's own: `Some(0)` shows that Brain
+    /// sets the modes of what it creates itself rather than relying on the operator's umask.
+    pub umask: Option<u32>,
 }
 
 impl Start<'_> {
@@ -68,8 +74,17 @@ impl Start<'_> {
             .stderr(Stdio::piped());
         command.envs(self.env.iter().copied());
         if let Some(uid) = self.uid {
-            use std::os::unix::process::CommandExt;
             command.uid(uid).gid(uid);
+        }
+        if let Some(umask) = self.umask {
+            let umask = nix::sys::stat::Mode::from_bits_truncate(umask);
+            // SAFETY: umask(2) is async-signal-safe and changes only the child.
+            unsafe {
+                command.pre_exec(move || {
+                    nix::sys::stat::umask(umask);
+                    Ok(())
+                });
+            }
         }
         if let Some(token) = self.token {
             command.env("BRAIN_API_TOKEN", token);
@@ -130,6 +145,7 @@ pub fn serve(data: &Path, registrations: Value, extra: &[&str]) -> Served {
         token: None,
         env: &[],
         uid: None,
+        umask: None,
     }
     .run()
 }
