@@ -20,7 +20,8 @@
 //! for it before it handles anything a worker said: so whatever the harness does after it reads
 //! the answer (answers `run`, reuses the request id, makes another callback after a fatal error)
 //! reaches a dispatcher that already counted the callback as answered and recorded its fatal
-//! error (a prompt `run` answer never looks like `callbacks_outstanding`).
+//! error (a prompt `run` answer never looks like `callbacks_outstanding`). A success while the
+//! activation runs on is reported quietly, without waking the dispatcher (see [`Reply::send`]).
 
 use crate::cancel::CancelToken;
 use crate::dispatch::{Dispatcher, Internal};
@@ -84,7 +85,7 @@ pub(crate) struct Executor {
     jobs: Arc<WorkQueue<Work>>,
     journal: Arc<dyn Journal>,
     effects: Effects,
-    internal: Sender<Internal>,
+    reports: Reports,
 }
 
 impl Executor {
@@ -99,23 +100,32 @@ impl Executor {
         // others are woken only as those block (see `WorkQueue`).
         let runners = std::thread::available_parallelism().map_or(1, usize::from);
         let jobs = Arc::new(WorkQueue::new(runners));
+        let reports = Reports {
+            internal,
+            quiet: Arc::default(),
+        };
         for n in 0..threads.max(1) {
-            let (queue, journal, effects, internal) = (
+            let (queue, journal, effects, reports) = (
                 jobs.clone(),
                 journal.clone(),
                 effects.clone(),
-                internal.clone(),
+                reports.clone(),
             );
             std::thread::Builder::new()
                 .name(format!("brain-callback-{n}"))
-                .spawn(move || serve(&queue, &*journal, &effects, &internal))?;
+                .spawn(move || serve(&queue, &*journal, &effects, &reports))?;
         }
         Ok(Executor {
             jobs,
             journal,
             effects,
-            internal,
+            reports,
         })
+    }
+
+    /// Takes the quiet reports waiting (see [`Reply::send`]).
+    pub(crate) fn take_quiet_reports(&self) -> Vec<CallbackDone> {
+        std::mem::take(&mut *self.reports.quiet.lock())
     }
 
     /// Runs `call` in `job`'s context. The call is owned by the executor from here on, so that
@@ -134,7 +144,7 @@ impl Executor {
                 &self.jobs,
                 None,
                 &*self.journal,
-                &self.internal,
+                &self.reports,
                 job,
                 method,
                 answer,
@@ -198,7 +208,7 @@ fn serve(
     queue: &Arc<WorkQueue<Work>>,
     journal: &dyn Journal,
     effects: &Effects,
-    internal: &Sender<Internal>,
+    reports: &Reports,
 ) {
     let mut me = Consumer::default();
     while let Some(work) = PERFORM_NEXT
@@ -232,7 +242,7 @@ fn serve(
             queue,
             Some(&mut me),
             journal,
-            internal,
+            reports,
             job,
             method,
             answer,
@@ -249,7 +259,7 @@ fn conclude(
     queue: &Arc<WorkQueue<Work>>,
     me: Option<&mut Consumer>,
     journal: &dyn Journal,
-    internal: &Sender<Internal>,
+    reports: &Reports,
     job: Job,
     method: &'static str,
     answer: Result<Answer, RpcError>,
@@ -259,7 +269,7 @@ fn conclude(
     let reply = Reply {
         method,
         job,
-        internal: internal.clone(),
+        reports: reports.clone(),
     };
     match answer {
         Ok(Answer::Now(line)) => reply.send(Ok(line), incarnation),
@@ -367,12 +377,23 @@ enum Answer {
     },
 }
 
+/// Where callbacks are reported to the dispatcher.
+#[derive(Clone)]
+struct Reports {
+    /// Reports the dispatcher must act on at once (it is woken for them).
+    internal: Sender<Internal>,
+    /// Reports of callbacks that succeeded while their activation ran on: the dispatcher takes
+    /// them whenever it wakes, and always before a worker's message, without being woken for
+    /// them (see [`Reply::send`]).
+    quiet: Arc<parking_lot::Mutex<Vec<CallbackDone>>>,
+}
+
 /// Where the answer to one callback goes: reported to the dispatcher as a [`CallbackDone`],
 /// then written to the worker.
 struct Reply {
     method: &'static str,
     job: Job,
-    internal: Sender<Internal>,
+    reports: Reports,
 }
 
 impl Reply {
@@ -386,12 +407,14 @@ impl Reply {
             key,
             id,
             answers,
+            cancel,
             ..
         } = self.job;
         let (line, outcome) = match answer {
             Ok(line) => (line, Ok(())),
             Err(error) => (jsonrpc::encode_error(&id, &error), Err(error)),
         };
+        let quiet = outcome.is_ok() && incarnation.is_none();
         let done = CallbackDone {
             method: self.method,
             session,
@@ -401,11 +424,27 @@ impl Reply {
             outcome,
             incarnation,
         };
-        // Fails only once the dispatcher has stopped, and then nobody waits for the answer.
-        if self.internal.send(Internal::CallbackDone(done)).is_ok() {
-            // Dropped when that incarnation of the worker is gone.
-            answers.send_line(key.generation, line);
+        // A success changes nothing the dispatcher must act on before its next message from
+        // the worker (which it handles only after taking the quiet reports), unless the
+        // activation has ended or is being cancelled: then the dispatcher may be waiting for
+        // its callbacks to drain. That is read under the mailbox's lock, which the dispatcher
+        // takes after it cancels: either it finds this report, or this finds the cancel and
+        // wakes it. Not waking it for every success spares a wake-up per batch of answers.
+        let wake = if quiet {
+            let mut mailbox = self.reports.quiet.lock();
+            mailbox.push(done);
+            cancel.is_cancelled().then_some(Internal::QuietReports)
+        } else {
+            Some(Internal::CallbackDone(done))
+        };
+        if let Some(message) = wake {
+            // Fails only once the dispatcher has stopped, and then nobody waits for the answer.
+            if self.reports.internal.send(message).is_err() {
+                return;
+            }
         }
+        // Dropped when that incarnation of the worker is gone.
+        answers.send_line(key.generation, line);
     }
 }
 

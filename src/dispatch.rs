@@ -108,6 +108,8 @@ pub(crate) enum Internal {
     },
     /// A callback finished on the executor.
     CallbackDone(CallbackDone),
+    /// Quiet reports wait that the dispatcher must take now (see `Executor::take_quiet_reports`).
+    QuietReports,
 }
 
 /// The channels the dispatcher reads.
@@ -184,6 +186,9 @@ impl Dispatcher {
             if self.finished() {
                 break;
             }
+            // Whatever woke the dispatcher, it first takes the quiet reports sent meanwhile.
+            self.take_quiet_reports();
+            self.settle();
             select_biased! {
                 recv(deadlines) -> deadline => match deadline {
                     Ok(deadline) => self.on_deadline(deadline),
@@ -235,6 +240,8 @@ impl Dispatcher {
             self.on_internal(report);
             self.settle();
         }
+        self.take_quiet_reports();
+        self.settle();
     }
 
     /// Handles what the pool reported and starts the activations taken off capacity queues,
@@ -307,6 +314,14 @@ impl Dispatcher {
         match completion {
             Internal::Durable { token, result } => self.on_durable(token, result),
             Internal::CallbackDone(done) => self.on_callback_done(done),
+            Internal::QuietReports => self.take_quiet_reports(),
+        }
+    }
+
+    /// Handles the reports of callbacks that succeeded without waking the dispatcher.
+    fn take_quiet_reports(&mut self) {
+        for done in self.executor.take_quiet_reports() {
+            self.on_callback_done(done);
         }
     }
 
