@@ -133,11 +133,21 @@ impl Executor {
     ///
     /// A model or tool call is started on the calling thread (the dispatcher): its started
     /// record is built and handed to the journal, which never blocks here, and once the record
-    /// is durable the effect is queued for an executor thread. Every other call is queued as it
-    /// is. Starting an effect on an executor cost a thread hand-off (and, with the executors
-    /// parked, a wake-up) per model or tool call for work that never blocks.
+    /// is durable the effect is queued for an executor thread. A call that only appends a
+    /// record (`kv.put`, `kv.delete`, `transcript.set`, `emit`) runs here too, and is answered
+    /// by whichever thread makes its record durable. Every other call is queued as it is. An
+    /// executor cost a thread hand-off (and, with the executors parked, a wake-up) per call for
+    /// work that never blocks.
     fn submit(&self, job: Job, call: CallbackInput) {
-        if matches!(call, CallbackInput::Model(_) | CallbackInput::Tool(_)) {
+        if matches!(
+            call,
+            CallbackInput::Model(_)
+                | CallbackInput::Tool(_)
+                | CallbackInput::KvPut(_)
+                | CallbackInput::KvDelete(_)
+                | CallbackInput::TranscriptSet(_)
+                | CallbackInput::Emit(_)
+        ) {
             let method = call.method().as_str();
             let answer = run(&job, call, &*self.journal, &self.effects, &mut None);
             conclude(
@@ -284,6 +294,14 @@ fn conclude(
             };
             journal.append_effect_queued(&session, record, Box::new(then));
         }
+        Ok(Answer::WhenDurable { sequence, line }) => journal.on_durable(
+            &session,
+            sequence,
+            Box::new(move |durable| match durable {
+                Ok(()) => reply.send(Ok(line), None),
+                Err(error) => reply.send(Err(journal_failed(error)), None),
+            }),
+        ),
         Ok(Answer::OnceDurable { record, answer }) => {
             let then: crate::journal::AppendedCallback = Box::new(move |durable| match durable {
                 Ok(_) => reply.send(answer, None),
@@ -367,6 +385,10 @@ enum Answer {
         record: EffectRecord,
         effect: Effect,
     },
+    /// A record appended (not yet durable) and the response line, to send once the record is
+    /// durable: for the calls that only append (`kv.put`, `kv.delete`, `transcript.set`,
+    /// `emit`), which the dispatcher runs itself (see [`Executor::submit`]).
+    WhenDurable { sequence: u64, line: Vec<u8> },
     /// An effect's finished record and the answer (the response line, or the callback's error),
     /// to send once the record is durable. The executor appends it and goes back to its queue:
     /// whoever makes the record durable sends the answer, so that under load no executor waits
@@ -484,6 +506,28 @@ fn sequence_answer(job: &Job, sequence: u64) -> Result<Answer, RpcError> {
     answer(job, &SequenceResult { sequence })
 }
 
+/// Appends a record without waiting for it: see [`Answer::WhenDurable`].
+fn append_queued(
+    journal: &dyn Journal,
+    job: &Job,
+    kind: RecordKind,
+    data: Value,
+    origin: Option<EventOrigin>,
+) -> Result<u64, RpcError> {
+    journal
+        .append(&job.session, NewRecord { kind, data, origin })
+        .map_err(journal_failed)
+}
+
+/// The answer `{"sequence"}` to a call whose record `sequence` was appended, to send once the
+/// record is durable.
+fn once_durable(job: &Job, sequence: u64) -> Result<Answer, RpcError> {
+    Ok(Answer::WhenDurable {
+        sequence,
+        line: jsonrpc::encode_result(&job.id, &SequenceResult { sequence }),
+    })
+}
+
 fn reserved(key: &str) -> Result<(), RpcError> {
     if key.starts_with(RESERVED_KEY_PREFIX) {
         return Err(call_error(
@@ -512,12 +556,18 @@ fn run(
         CallbackInput::KvPut(input) => {
             reserved(&input.key)?;
             let data = json!({"key": input.key, "value": input.value});
-            sequence_answer(job, append(journal, job, RecordKind::KvSet, data, None)?)
+            once_durable(
+                job,
+                append_queued(journal, job, RecordKind::KvSet, data, None)?,
+            )
         }
         CallbackInput::KvDelete(input) => {
             reserved(&input.key)?;
             let data = json!({"key": input.key});
-            sequence_answer(job, append(journal, job, RecordKind::KvDelete, data, None)?)
+            once_durable(
+                job,
+                append_queued(journal, job, RecordKind::KvDelete, data, None)?,
+            )
         }
         CallbackInput::TranscriptSet(input) => {
             let mut keep = 0;
@@ -532,9 +582,9 @@ fn run(
                 })
                 .map_err(journal_failed)?;
             let sequence = journal
-                .append_transcript_durable(&job.session, keep, &input.messages[keep..])
+                .append_transcript(&job.session, keep, &input.messages[keep..])
                 .map_err(journal_failed)?;
-            sequence_answer(job, sequence)
+            once_durable(job, sequence)
         }
         CallbackInput::Emit(input) => {
             if input.event_type.parse::<RecordKind>().is_ok() {
@@ -548,10 +598,9 @@ fn run(
                 kind: OriginKind::Agentloop,
                 sequence: job.sequence,
             };
-            sequence_answer(
-                job,
-                append(journal, job, RecordKind::EventEmitted, data, Some(origin))?,
-            )
+            let sequence =
+                append_queued(journal, job, RecordKind::EventEmitted, data, Some(origin))?;
+            once_durable(job, sequence)
         }
         CallbackInput::EventsRead(input) => {
             let limit = input

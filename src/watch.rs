@@ -90,6 +90,17 @@ impl Journal for WatchedJournal {
         appended
     }
 
+    fn append_transcript(
+        &self,
+        session: &SessionId,
+        keep: usize,
+        append: &[Message],
+    ) -> Result<u64, JournalError> {
+        let sequence = self.inner.append_transcript(session, keep, append)?;
+        self.bump();
+        Ok(sequence)
+    }
+
     fn append_effect_then(
         &self,
         session: &SessionId,

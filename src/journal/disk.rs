@@ -624,6 +624,26 @@ impl DiskJournal {
         self.place_body(session, body, Projected::Record(&record))
     }
 
+    /// Appends the `transcript_delta` record `{"keep", "append"}`, encoded from the messages;
+    /// returns its sequence and where its frame ends.
+    fn place_transcript(
+        &self,
+        session: &SessionId,
+        keep: usize,
+        append: &[Message],
+    ) -> Result<(u64, u64), JournalError> {
+        /// The record's data, members in the order a `Value` keeps them, so that the frame is
+        /// the one `append_durable` would write.
+        #[derive(serde::Serialize)]
+        struct Delta<'a> {
+            append: &'a [Message],
+            keep: usize,
+        }
+        let body = frame::encode_typed_body(RecordKind::TranscriptDelta, &Delta { append, keep })
+            .map_err(JournalError::Failed)?;
+        self.place_body(session, body, Projected::TranscriptDelta { keep, append })
+    }
+
     /// Appends an effect record from its encoded data; returns its sequence and where its frame
     /// ends.
     fn place_effect(
@@ -801,18 +821,19 @@ impl Journal for DiskJournal {
         keep: usize,
         append: &[Message],
     ) -> Result<u64, JournalError> {
-        /// The record's data, members in the order a `Value` keeps them, so that the frame is
-        /// the one `append_durable` would write.
-        #[derive(serde::Serialize)]
-        struct Delta<'a> {
-            append: &'a [Message],
-            keep: usize,
-        }
-        let body = frame::encode_typed_body(RecordKind::TranscriptDelta, &Delta { append, keep })
-            .map_err(JournalError::Failed)?;
-        let (sequence, end) =
-            self.place_body(session, body, Projected::TranscriptDelta { keep, append })?;
+        let (sequence, end) = self.place_transcript(session, keep, append)?;
         self.shared.flush_through(end)?;
+        Ok(sequence)
+    }
+
+    fn append_transcript(
+        &self,
+        session: &SessionId,
+        keep: usize,
+        append: &[Message],
+    ) -> Result<u64, JournalError> {
+        let (sequence, _) = self.place_transcript(session, keep, append)?;
+        self.shared.wake_writer();
         Ok(sequence)
     }
 

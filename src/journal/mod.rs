@@ -397,6 +397,28 @@ pub trait Journal: Send + Sync + 'static {
         )
     }
 
+    /// Appends the `transcript_delta` record as [`Journal::append_transcript_durable`] does, but
+    /// returns its sequence at once, as [`Journal::append`] does: durability is reported through
+    /// [`Journal::on_durable`]. For the dispatcher, which must not wait for the disk. The default
+    /// appends it as a [`NewRecord`]. A wrapper that delegates to another journal should
+    /// delegate this too.
+    fn append_transcript(
+        &self,
+        session: &SessionId,
+        keep: usize,
+        append: &[Message],
+    ) -> Result<u64, JournalError> {
+        let data = serde_json::json!({"keep": keep, "append": append});
+        self.append(
+            session,
+            NewRecord {
+                kind: RecordKind::TranscriptDelta,
+                data,
+                origin: None,
+            },
+        )
+    }
+
     /// Appends an effect record whose data is already encoded, as [`Journal::append`] does, and
     /// calls `done` exactly once: with the record's sequence once it is durable, or with the
     /// error that prevented it (including a refused append). The record reads back, and
