@@ -258,7 +258,8 @@ impl Brain {
     /// tells whether any worker serves.
     ///
     /// On glibc, Brain tunes the process's allocator so that memory freed by passivated or
-    /// deleted sessions goes back to the operating system: once started, it fixes malloc's trim
+    /// deleted sessions goes back to the operating system: it caps malloc's arenas at one per
+    /// CPU (at least two) before it starts its threads, once started it fixes malloc's trim
     /// threshold at 128 KiB, and it trims the heap shortly after sessions are passivated or
     /// deleted. A program embedding Brain shares this.
     pub fn start(config: Config) -> Result<Brain, StartError> {
@@ -272,6 +273,7 @@ impl Brain {
         config: Config,
         abort: &crossbeam_channel::Receiver<()>,
     ) -> Result<Brain, StartError> {
+        crate::heap::few_arenas();
         let cwd = std::env::current_dir().map_err(io_error("reading the working directory"))?;
         let mut resolved = Vec::with_capacity(config.registrations.len());
         for registration in config.registrations.iter() {
