@@ -308,6 +308,16 @@ impl fmt::Display for JournalError {
 
 impl std::error::Error for JournalError {}
 
+/// The `transcript_delta` record `{"keep": keep, "append": append}`, as the defaults of
+/// [`Journal::append_transcript_durable`] and [`Journal::append_transcript`] append it.
+fn transcript_delta(keep: usize, append: &[Message]) -> NewRecord {
+    NewRecord {
+        kind: RecordKind::TranscriptDelta,
+        data: serde_json::json!({"keep": keep, "append": append}),
+        origin: None,
+    }
+}
+
 /// Per-session ordered, durable records and their projections (PROTOCOL.md §11).
 ///
 /// Every method may be called from any thread. Per session, records are totally ordered by their
@@ -386,15 +396,7 @@ pub trait Journal: Send + Sync + 'static {
         keep: usize,
         append: &[Message],
     ) -> Result<u64, JournalError> {
-        let data = serde_json::json!({"keep": keep, "append": append});
-        self.append_durable(
-            session,
-            NewRecord {
-                kind: RecordKind::TranscriptDelta,
-                data,
-                origin: None,
-            },
-        )
+        self.append_durable(session, transcript_delta(keep, append))
     }
 
     /// Appends the `transcript_delta` record as [`Journal::append_transcript_durable`] does, but
@@ -408,15 +410,7 @@ pub trait Journal: Send + Sync + 'static {
         keep: usize,
         append: &[Message],
     ) -> Result<u64, JournalError> {
-        let data = serde_json::json!({"keep": keep, "append": append});
-        self.append(
-            session,
-            NewRecord {
-                kind: RecordKind::TranscriptDelta,
-                data,
-                origin: None,
-            },
-        )
+        self.append(session, transcript_delta(keep, append))
     }
 
     /// Appends an effect record whose data is already encoded, as [`Journal::append`] does, and
