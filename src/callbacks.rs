@@ -227,8 +227,9 @@ fn serve(
     {
         let mut incarnation = None;
         // Before anything that may block, the work queued behind this job gets a thread of
-        // its own (see `WorkQueue`): every call but a model or tool call (which the dispatcher
-        // started) waits for the journal, and so does an effect that may block.
+        // its own (see `WorkQueue`): the calls queued here are those that read the journal or
+        // run a driver (the rest run on the dispatcher, see `Executor::submit`), and an effect
+        // blocks unless its provider or driver answers at once.
         let (job, method, answer) = match work {
             Work::Call(job, call) => {
                 queue.hand_off(&mut me);

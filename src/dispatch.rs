@@ -186,7 +186,9 @@ impl Dispatcher {
             if self.finished() {
                 break;
             }
-            // Whatever woke the dispatcher, it first takes the quiet reports sent meanwhile.
+            // Before it sleeps, the dispatcher takes the quiet reports sent meanwhile: a success
+            // reported after an activation was cancelled here is found now, or finds the
+            // cancel and wakes the dispatcher (see `Reply::send`).
             self.take_quiet_reports();
             self.settle();
             select_biased! {

@@ -674,12 +674,16 @@ impl ModelProvider for Gathering {
 /// block must still get a thread of its own, or calls queued behind it wait for it.
 #[test]
 fn model_calls_that_block_all_run_at_once_on_any_number_of_cpus() {
-    const SESSIONS: usize = 8;
+    // More calls than CPUs, so that only the hand-off can get them all running (the executors
+    // wake each other up to one running per CPU), and fewer than the executors.
+    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+    let sessions = (cpus + 6).max(8);
     let registrations = Registrations::from_vec(vec![fault("h", &[])]).unwrap();
     let mut config = Config::new(registrations);
     config.options = options("gather");
+    config.options.callback_threads = config.options.callback_threads.max(sessions + 2);
     let gathering = Gathering {
-        needed: SESSIONS,
+        needed: sessions,
         arrived: Mutex::new(0),
         all_in: Condvar::new(),
     };
@@ -687,7 +691,7 @@ fn model_calls_that_block_all_run_at_once_on_any_number_of_cpus() {
     let brain = Brain::start(config).unwrap();
     let calls = json!([{"method": "model", "input": {"messages": [
         {"role": "user", "content": [{"type": "text", "text": "hi"}]}]}}]);
-    let activations: Vec<Activation> = (0..SESSIONS)
+    let activations: Vec<Activation> = (0..sessions)
         .map(|_| {
             let session = create(
                 &brain,
