@@ -147,3 +147,34 @@ pub(crate) fn describe_machine(machine: &Value) -> String {
         machine["load_average_at_start"],
     )
 }
+
+/// `FS_TOPDIR_FL` (linux/fs.h): directories made in a directory with this flag are spread over
+/// the file system's block groups, as top-level directories are.
+const TOP_DIRECTORY_FLAG: libc::c_int = 0x0002_0000;
+
+/// Marks `data_dir` as a top directory (ext4's `chattr +T`), so that each run's directory lands
+/// in a block group of its own rather than beside the last run's. ext4 without a journal scans
+/// past every inode freed in the last 60–360 s when it allocates one in that inode's group; a run
+/// started soon after another run's cleanup (or `scripts/test`'s) spent up to a fifth of a turn
+/// arm's samples in that scan when it shared the group. Best effort: `false` where the file
+/// system has no such flag (tmpfs, others) or refuses it.
+pub(crate) fn spread_runs(data_dir: &Path) -> bool {
+    use std::os::fd::AsRawFd;
+    let Ok(directory) = std::fs::File::open(data_dir) else {
+        return false;
+    };
+    let fd = directory.as_raw_fd();
+    // The kernel reads and writes an `int` through these ioctls, whatever their size field says.
+    let mut flags: libc::c_int = 0;
+    // SAFETY: `fd` is an open descriptor owned by `directory` for the whole call, and `flags` is
+    // a valid, writable int, the argument FS_IOC_GETFLAGS writes.
+    if unsafe { libc::ioctl(fd, libc::FS_IOC_GETFLAGS, &mut flags) } != 0 {
+        return false;
+    }
+    if flags & TOP_DIRECTORY_FLAG != 0 {
+        return true;
+    }
+    flags |= TOP_DIRECTORY_FLAG;
+    // SAFETY: as above; FS_IOC_SETFLAGS only reads the int `flags` points to.
+    unsafe { libc::ioctl(fd, libc::FS_IOC_SETFLAGS, &flags) == 0 }
+}

@@ -22,7 +22,7 @@ mod stats;
 
 use arms::{Harness, Setup, TurnArm};
 use brain::Storage;
-use machine::{TICKS_PER_SECOND, cpu_counters, describe_machine, machine};
+use machine::{TICKS_PER_SECOND, cpu_counters, describe_machine, machine, spread_runs};
 use probes::number;
 use report::{print_probes, print_table, print_targets};
 use serde_json::{Value, json};
@@ -472,12 +472,19 @@ fn run(options: &Options) -> Result<bool, String> {
         .data_dir
         .canonicalize()
         .map_err(|e| format!("{}: {e}", options.data_dir.display()))?;
+    let spread = spread_runs(&data_dir);
     let root = arms::fresh_dir(&data_dir, &format!("run-{}", std::process::id()))?;
     let setup = Setup::here(root.clone())?;
     let machine = machine(&data_dir);
     let cpu_at_start = cpu_counters();
     println!("brain-bench{}", if plan.quick { " --quick" } else { "" });
     println!("machine: {}", describe_machine(&machine));
+    if !spread {
+        println!(
+            "note: runs in {} share block groups (no ext4 top-directory flag): leave a few minutes after another run's or the tests' cleanup",
+            data_dir.display()
+        );
+    }
     println!(
         "rounds: {}; windows: baselines {:?}, callbacks {:?}, activations {:?}, turns {:?}\n",
         plan.rounds,
