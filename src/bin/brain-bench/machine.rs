@@ -157,24 +157,54 @@ const TOP_DIRECTORY_FLAG: libc::c_int = 0x0002_0000;
 /// past every inode freed in the last 60–360 s when it allocates one in that inode's group; a run
 /// started soon after another run's cleanup (or `scripts/test`'s) spent up to a fifth of a turn
 /// arm's samples in that scan when it shared the group. Best effort: `false` where the file
-/// system has no such flag (tmpfs, others) or refuses it.
+/// system has no such flag (tmpfs, others) or refuses it; `true` exactly when the flag is set.
 pub(crate) fn spread_runs(data_dir: &Path) -> bool {
     use std::os::fd::AsRawFd;
     let Ok(directory) = std::fs::File::open(data_dir) else {
         return false;
     };
     let fd = directory.as_raw_fd();
-    // The kernel reads and writes an `int` through these ioctls, whatever their size field says.
-    let mut flags: libc::c_int = 0;
-    // SAFETY: `fd` is an open descriptor owned by `directory` for the whole call, and `flags` is
-    // a valid, writable int, the argument FS_IOC_GETFLAGS writes.
-    if unsafe { libc::ioctl(fd, libc::FS_IOC_GETFLAGS, &mut flags) } != 0 {
+    let Some(mut flags) = inode_flags(fd) else {
         return false;
-    }
+    };
     if flags & TOP_DIRECTORY_FLAG != 0 {
         return true;
     }
     flags |= TOP_DIRECTORY_FLAG;
-    // SAFETY: as above; FS_IOC_SETFLAGS only reads the int `flags` points to.
+    // SAFETY: `fd` is an open descriptor owned by `directory` for the whole call, and `flags` is
+    // a valid int, the argument FS_IOC_SETFLAGS reads (the kernel reads an `int`, whatever the
+    // ioctl number's size field says).
     unsafe { libc::ioctl(fd, libc::FS_IOC_SETFLAGS, &flags) == 0 }
+}
+
+/// The inode flags of the open file `fd` (`lsattr`), or `None` where the file system has none.
+fn inode_flags(fd: std::os::fd::RawFd) -> Option<libc::c_int> {
+    let mut flags: libc::c_int = 0;
+    // SAFETY: the caller keeps `fd` open for the call, and `flags` is a valid, writable int, the
+    // argument FS_IOC_GETFLAGS writes (an `int`, whatever the ioctl number's size field says).
+    (unsafe { libc::ioctl(fd, libc::FS_IOC_GETFLAGS, &mut flags) } == 0).then_some(flags)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsRawFd;
+
+    /// Whatever the file system under the temporary directory: `spread_runs` says `true` exactly
+    /// when the directory then carries the flag, and says it again for a directory that has it.
+    #[test]
+    fn spreading_runs_reports_whether_the_top_directory_flag_is_set() {
+        let dir = std::env::temp_dir().join(format!("brain-bench-topdir-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let spread = spread_runs(&dir);
+        let flags = inode_flags(std::fs::File::open(&dir).unwrap().as_raw_fd());
+        let set = flags.is_some_and(|flags| flags & TOP_DIRECTORY_FLAG != 0);
+        assert_eq!(spread, set, "spread_runs said {spread}; flags {flags:?}");
+        assert_eq!(spread_runs(&dir), spread, "a second call agrees");
+        std::fs::remove_dir(&dir).unwrap();
+        assert!(
+            !spread_runs(&dir),
+            "a directory that is not there is not spread"
+        );
+    }
 }
