@@ -59,18 +59,34 @@ pub fn to_string<T: Serialize + ?Sized>(value: &T) -> Result<String, Error> {
     Ok(unsafe { String::from_utf8_unchecked(out) })
 }
 
-/// `value` as a [`RawValue`] holding its compact JSON text.
+/// `value` as a [`RawValue`] holding its compact JSON text, in one allocation of its size.
 ///
 /// `RawValue::from_string` would parse the text again to check it, which cost as much as
-/// encoding it; the text is handed to `serde_json::value::to_raw_value` the way a `RawValue`
-/// hands its own text to a serializer, which copies it.
+/// encoding it. `serde_json::value::to_raw_value` copies the text through a buffer that starts
+/// at 128 bytes and grows, two or three allocator calls a value (with three values a durable
+/// model callback, ≈ 9 % of its instructions). The text is encoded into this thread's buffer and
+/// handed to `Box<RawValue>`'s own `Deserialize` as an owned string, the way a `Value` hands one
+/// over ([`raw_from_encoded`]), which keeps the string as it is.
 ///
 /// # Errors
 /// As [`write`].
 pub fn to_raw_value<T: Serialize + ?Sized>(value: &T) -> Result<Box<RawValue>, Error> {
+    let text = encode_with(value, |encoded| {
+        debug_assert!(std::str::from_utf8(encoded).is_ok());
+        // SAFETY: as in `to_string`, the encoder wrote valid UTF-8.
+        String::from(unsafe { std::str::from_utf8_unchecked(encoded) })
+    })?;
+    raw_from_encoded(text)
+}
+
+/// Encodes `value` into this thread's buffer and gives `finish` the text. Encoding into a fresh
+/// `Vec` grew it by reallocation, several times for a ≈ 1 KiB text, and started every text above
+/// glibc's small-block sizes (docs/BENCHMARKS.md); the callers copy the text out at its size.
+pub(crate) fn encode_with<T: Serialize + ?Sized, R>(
+    value: &T,
+    finish: impl FnOnce(&[u8]) -> R,
+) -> Result<R, Error> {
     thread_local! {
-        /// Each thread's encoding buffer: a ≈ 1 KiB text grew a fresh `Vec` by reallocation
-        /// several times, and the text is copied into the `RawValue` anyway.
         static BUFFER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
     }
     /// A buffer grown past this by one large value is not kept.
@@ -78,36 +94,31 @@ pub fn to_raw_value<T: Serialize + ?Sized>(value: &T) -> Result<Box<RawValue>, E
     let encode = |out: &mut Vec<u8>| {
         out.clear();
         write(out, value)?;
-        debug_assert!(std::str::from_utf8(out).is_ok());
-        // SAFETY: as in `to_string`, the encoder wrote valid UTF-8.
-        let text = unsafe { std::str::from_utf8_unchecked(out) };
-        serde_json::value::to_raw_value(&EncodedText(text)).map_err(|e| Error(e.to_string()))
+        Ok(finish(out))
     };
     BUFFER.with(|buffer| match buffer.try_borrow_mut() {
         Ok(mut out) => {
-            let raw = encode(&mut out);
+            let encoded = encode(&mut out);
             if out.capacity() > KEPT {
                 *out = Vec::new();
             }
-            raw
+            encoded
         }
         // A `Serialize` impl that encodes a value of its own this way, inside this one.
         Err(_) => encode(&mut Vec::new()),
     })
 }
 
-/// JSON text this module wrote, which serializes as a `RawValue` does: as a struct named
-/// [`RAW_VALUE_TOKEN`] whose one field, of the same name, is the text, which `serde_json`'s
-/// serializers (and this module's) copy as it is.
-struct EncodedText<'a>(&'a str);
-
-impl Serialize for EncodedText<'_> {
-    fn serialize<S: ser::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        use ser::SerializeStruct;
-        let mut raw = serializer.serialize_struct(RAW_VALUE_TOKEN, 1)?;
-        raw.serialize_field(RAW_VALUE_TOKEN, self.0)?;
-        raw.end()
-    }
+/// `text`, JSON this module wrote, as a `Box<RawValue>` that keeps the string without copying or
+/// parsing it: `Box<RawValue>`'s `Deserialize` asks for a map whose one key is
+/// [`RAW_VALUE_TOKEN`] and takes the value's owned string as the text, the protocol by which
+/// `serde_json`'s own `Value` deserializer hands text over. (The tests hold a raw value to the
+/// text `serde_json` writes.)
+fn raw_from_encoded(text: String) -> Result<Box<RawValue>, Error> {
+    use serde::Deserialize;
+    use serde::de::value::{Error as ValueError, MapDeserializer};
+    let entry = MapDeserializer::<_, ValueError>::new(std::iter::once((RAW_VALUE_TOKEN, text)));
+    Box::<RawValue>::deserialize(entry).map_err(|e| Error(e.to_string()))
 }
 
 /// The struct (and field) name through which `serde_json`'s `RawValue` hands its text to a

@@ -26,16 +26,15 @@ pub mod jsonrpc;
 
 use serde::Serialize;
 
-/// What [`to_json_vec`] reserves: a typical callback message or journal record fits, so that
-/// encoding one grows its buffer once at most instead of doubling it from empty.
-const TYPICAL_ENCODED_LEN: usize = 1024;
-
-/// `value` as JSON bytes, as `serde_json::to_vec` gives them ([`json::write`]), in a buffer
-/// reserved for a typical message: the profile of the callback path showed a tenth of the
-/// executors' time in growing these buffers. For buffers that are dropped once written, not kept.
+/// `value` as JSON bytes, as `serde_json::to_vec` gives them ([`json::write`]), in a buffer of
+/// their size and one byte more (the newline a line gets). Encoded in a buffer each thread keeps
+/// and copied out: a fresh buffer grew by reallocation, and a tenth of the executors' time on the
+/// callback path was spent growing these buffers (docs/BENCHMARKS.md).
 #[doc(hidden)]
 pub fn to_json_vec(value: &(impl Serialize + ?Sized)) -> Result<Vec<u8>, json::Error> {
-    let mut out = Vec::with_capacity(TYPICAL_ENCODED_LEN);
-    json::write(&mut out, value)?;
-    Ok(out)
+    json::encode_with(value, |encoded| {
+        let mut out = Vec::with_capacity(encoded.len() + 1);
+        out.extend_from_slice(encoded);
+        out
+    })
 }
