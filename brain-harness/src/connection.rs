@@ -196,7 +196,7 @@ impl Connection {
             return Err(self.closed_error());
         }
         match answer.wait() {
-            Some(Ok(result)) => serde_json::from_str(result.get()).map_err(|error| {
+            Some(Ok(result)) => result.typed().map_err(|error| {
                 CallError::invalid_response(format!("the answer to {method} is malformed: {error}"))
             }),
             Some(Err(error)) => Err(CallError::from_rpc(error)),

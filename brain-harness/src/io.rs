@@ -9,7 +9,7 @@
 //! thread (one thread switch fewer per callback, as Brain's dispatcher does for a worker's
 //! stdin). Lines still go out in the order they were given.
 
-use super::pending::Pending;
+use super::pending::{Pending, ResultText};
 use super::request::BrainRequest;
 use brain_protocol::framing::{Frame, LineReader};
 use brain_protocol::jsonrpc::{self, Message, RpcError};
@@ -211,9 +211,16 @@ fn read_loop<R: Read>(
 
 fn dispatch(line: &[u8], requests: &Sender<BrainRequest>, pending: &Pending) {
     // The common cases, an answer to a brain/call and a request, stay JSON text for whoever
-    // types them.
+    // types them. An answer as Brain writes one is handed over by its id alone, unread: its
+    // caller reads the whole line once, where the general way scanned it here too.
+    if let Some(id) = jsonrpc::result_line_id(line) {
+        if !pending.complete(&id, Ok(ResultText::Line(line.to_vec()))) {
+            log::warn!("ignoring a response to id {id} that has no pending call");
+        }
+        return;
+    }
     if let Some((id, result)) = jsonrpc::decode_result(line) {
-        if !pending.complete(&id, Ok(result)) {
+        if !pending.complete(&id, Ok(ResultText::Raw(result))) {
             log::warn!("ignoring a response to id {id} that has no pending call");
         }
         return;
@@ -247,11 +254,13 @@ fn decode_rest(line: &[u8], pending: &Pending) -> Option<BrainRequest> {
         },
         Ok(Message::Response(response)) => {
             let outcome = response.outcome.and_then(|result| {
-                serde_json::value::to_raw_value(&result).map_err(|error| RpcError {
-                    code: -32603,
-                    message: format!("re-encoding the result failed: {error}"),
-                    data: None,
-                })
+                serde_json::value::to_raw_value(&result)
+                    .map(ResultText::Raw)
+                    .map_err(|error| RpcError {
+                        code: -32603,
+                        message: format!("re-encoding the result failed: {error}"),
+                        data: None,
+                    })
             });
             if !pending.complete(&response.id, outcome) {
                 log::warn!(

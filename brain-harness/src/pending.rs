@@ -7,12 +7,33 @@
 use crate::handoff::Promise;
 use brain_protocol::jsonrpc::{RequestId, RpcError};
 use parking_lot::Mutex;
+use serde::de::DeserializeOwned;
 use serde_json::value::RawValue;
 use std::collections::HashMap;
 
 /// What a caller receives: the response's outcome, the result still as JSON text (the caller
 /// types it).
-pub(crate) type Answer = Result<Box<RawValue>, RpcError>;
+pub(crate) type Answer = Result<ResultText, RpcError>;
+
+/// A success response's result, not read yet.
+pub(crate) enum ResultText {
+    /// The whole line, which starts as a success response does
+    /// ([`jsonrpc::result_line_id`](brain_protocol::jsonrpc::result_line_id)) and is read only
+    /// when the caller types it.
+    Line(Vec<u8>),
+    /// The result alone, as a line read the general way held it.
+    Raw(Box<RawValue>),
+}
+
+impl ResultText {
+    /// The result typed as `O`, or what is wrong with it (or, for a line, with the line).
+    pub(crate) fn typed<O: DeserializeOwned>(&self) -> Result<O, String> {
+        match self {
+            ResultText::Line(line) => brain_protocol::jsonrpc::decode_result_line(line),
+            ResultText::Raw(raw) => serde_json::from_str(raw.get()).map_err(|e| e.to_string()),
+        }
+    }
+}
 
 #[derive(Default)]
 pub(crate) struct Pending {

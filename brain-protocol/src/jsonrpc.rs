@@ -240,6 +240,58 @@ pub fn decode_result(line: &[u8]) -> Option<(RequestId, Box<RawValue>)> {
     Some((id, wire.result))
 }
 
+/// The id of a line that starts as [`encode_result`] starts a success response to a string id
+/// without escapes: `{"jsonrpc":"2.0","id":"<id>","result":`. Only that start is read: the whole
+/// line is read once, later, by [`decode_result_line`], which refuses it if it is not a success
+/// response after all. So a harness's reader can hand an answer to its caller without scanning a
+/// result it does not type (half of the SDK's instructions per durable callback went to reading
+/// each answer twice, docs/BENCHMARKS.md). `None` for any other line: read those with
+/// [`decode_result`] or [`decode`].
+pub fn result_line_id(line: &[u8]) -> Option<RequestId> {
+    const START: &[u8] = br#"{"jsonrpc":"2.0","id":""#;
+    const RESULT: &[u8] = br#"","result":"#;
+    let rest = line.strip_prefix(START)?;
+    let end = rest
+        .iter()
+        .position(|&byte| byte == b'"' || byte == b'\\' || byte < 0x20)?;
+    if !rest[end..].starts_with(RESULT) {
+        return None;
+    }
+    let id = std::str::from_utf8(&rest[..end]).ok()?;
+    Some(RequestId::Str(id.to_owned()))
+}
+
+/// The result of a whole line that is a well-formed JSON-RPC 2.0 success response, as
+/// [`decode_result`] accepts one (no `error` or `method` member), typed as `T` in one pass.
+///
+/// # Errors
+/// Names what is wrong when the line is not such a response or its result is not a `T`.
+pub fn decode_result_line<T: serde::de::DeserializeOwned>(line: &[u8]) -> Result<T, String> {
+    #[derive(Deserialize)]
+    struct Wire<'a, T> {
+        #[serde(borrow)]
+        jsonrpc: &'a str,
+        #[allow(dead_code)]
+        id: serde::de::IgnoredAny,
+        result: T,
+        #[serde(default, deserialize_with = "present")]
+        error: bool,
+        #[serde(default, deserialize_with = "present")]
+        method: bool,
+    }
+    // Checked once as a whole, so that the parse need not check each string (as
+    // `BrainCall::decode_request` does).
+    let text = std::str::from_utf8(line).map_err(|error| format!("not UTF-8: {error}"))?;
+    let wire: Wire<T> = serde_json::from_str(text).map_err(|error| error.to_string())?;
+    if wire.jsonrpc != "2.0" {
+        return Err(format!("jsonrpc is {:?}, not \"2.0\"", wire.jsonrpc));
+    }
+    if wire.error || wire.method {
+        return Err("a success response has no error or method member".to_owned());
+    }
+    Ok(wire.result)
+}
+
 /// Decodes a line that is a well-formed JSON-RPC 2.0 request, keeping the params as JSON text
 /// (no `Value` tree; absent params are `null`). `None` for any other line: decode those with
 /// [`decode`], which names what is wrong. For every line this accepts, `decode` gives a request
@@ -394,6 +446,71 @@ mod tests {
         ] {
             assert!(decode_result(line.as_bytes()).is_none(), "{line}");
         }
+    }
+
+    /// The id-only path takes the start `encode_result` writes for a string id, and reading the
+    /// whole line gives what the general path gives.
+    #[test]
+    fn an_answer_as_brain_writes_it_is_known_by_its_start_and_read_whole_once() {
+        for (id, result) in [
+            (
+                "c1",
+                json!({"sequence": 3, "result": {"text": "a \"quoted\" é\n"}}),
+            ),
+            ("c18446744073709551615", json!(null)),
+            ("", json!([1, 2.5, "x"])),
+        ] {
+            let id = RequestId::Str(id.to_owned());
+            let line = encode_result(&id, &result);
+            assert_eq!(result_line_id(&line), Some(id.clone()));
+            assert_eq!(decode_result_line::<Value>(&line), Ok(result.clone()));
+            let (general_id, raw) = decode_result(&line).unwrap();
+            assert_eq!(general_id, id);
+            assert_eq!(serde_json::from_str::<Value>(raw.get()).unwrap(), result);
+        }
+        // Other starts are left to the general path.
+        for line in [
+            r#"{"jsonrpc":"2.0","id":7,"result":{}}"#,
+            r#"{"jsonrpc":"2.0","id":"c\u0031","result":{}}"#,
+            r#"{"jsonrpc":"2.0", "id":"c1","result":{}}"#,
+            r#"{"id":"c1","jsonrpc":"2.0","result":{}}"#,
+            r#"{"jsonrpc":"2.0","id":"c1","error":{"code":1,"message":"m"}}"#,
+            r#"{"jsonrpc":"2.0","id":"c1","method":"run","params":{}}"#,
+            r#"{"jsonrpc":"2.0","id":"c1"#,
+        ] {
+            assert_eq!(result_line_id(line.as_bytes()), None, "{line}");
+        }
+        // A line that starts well and is not a success response after all is refused whole, with
+        // what is wrong.
+        for (line, wrong) in [
+            (
+                r#"{"jsonrpc":"2.0","id":"c1","result":{},"error":null}"#,
+                "no error",
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":"c1","result":{},"method":"x"}"#,
+                "no error or method",
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":"c1","result":{},"id":"c2"}"#,
+                "duplicate field `id`",
+            ),
+            (r#"{"jsonrpc":"2.0","id":"c1","result":{"#, "EOF"),
+            (r#"{"jsonrpc":"2.0","id":"c1","result":1} x"#, "trailing"),
+        ] {
+            assert!(result_line_id(line.as_bytes()).is_some(), "{line}");
+            let error = decode_result_line::<Value>(line.as_bytes()).unwrap_err();
+            assert!(error.contains(wrong), "{line}: {error}");
+        }
+        let error = decode_result_line::<u64>(br#"{"jsonrpc":"2.0","id":"c1","result":"a"}"#);
+        assert!(error.unwrap_err().contains("invalid type"));
+        let mut not_utf8 = br#"{"jsonrpc":"2.0","id":"c1","result":""#.to_vec();
+        not_utf8.extend_from_slice(b"\xff\"}");
+        assert!(
+            decode_result_line::<Value>(&not_utf8)
+                .unwrap_err()
+                .contains("UTF-8")
+        );
     }
 
     /// The SDK reader's request path takes exactly the requests, as `decode` reads them.
