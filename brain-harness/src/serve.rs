@@ -223,6 +223,33 @@ struct RunContext<'a, 'env, H: ?Sized> {
     runners: &'a Arc<Runners<'env>>,
 }
 
+/// The members `run` needs before the handler reads the rest.
+#[derive(serde::Deserialize)]
+struct Names {
+    session_id: String,
+    sequence: u64,
+}
+
+/// The names of `run` params that begin as Brain writes them, `{"session_id":"<id>",
+/// "sequence":<n>` (no space, no escape in the id), read off that beginning. Reading them as
+/// [`Names`] scans the whole params, transcript and all, which the handler then reads again: a
+/// fifteenth of what a text turn cost the reference harness (docs/BENCHMARKS.md). The params
+/// are JSON already (the reader checked them); params that begin otherwise are read as `Names`.
+fn leading_names(params: &str) -> Option<Names> {
+    let rest = params.strip_prefix(r#"{"session_id":""#)?;
+    let end = rest.find(|c: char| c == '"' || c == '\\' || c < ' ')?;
+    let (session_id, rest) = rest.split_at(end);
+    let rest = rest.strip_prefix(r#"","sequence":"#)?;
+    let digits = rest.find(|c: char| !c.is_ascii_digit())?;
+    if !matches!(rest.as_bytes()[digits], b',' | b'}') {
+        return None;
+    }
+    Some(Names {
+        session_id: session_id.to_owned(),
+        sequence: rest[..digits].parse().ok()?,
+    })
+}
+
 fn start_run<'scope, 'env, H: Handler + ?Sized>(
     scope: &'scope Scope<'scope, 'env>,
     context: &RunContext<'_, 'env, H>,
@@ -234,18 +261,14 @@ fn start_run<'scope, 'env, H: Handler + ?Sized>(
         running,
         runners,
     } = *context;
-    /// The members `run` needs before the handler reads the rest.
-    #[derive(serde::Deserialize)]
-    struct Names {
-        session_id: String,
-        sequence: u64,
-    }
     let BrainRequest { id, params, .. } = request;
     // An object only: serde would also read the two members from an array.
-    let names = params
-        .get()
-        .starts_with('{')
-        .then(|| serde_json::from_str::<Names>(params.get()));
+    let names = leading_names(params.get()).map(Ok).or_else(|| {
+        params
+            .get()
+            .starts_with('{')
+            .then(|| serde_json::from_str::<Names>(params.get()))
+    });
     let Some(Ok(Names {
         session_id,
         sequence,
@@ -390,5 +413,42 @@ fn answer(connection: &Connection, id: &RequestId, result: &impl serde::Serializ
 fn answer_error(connection: &Connection, id: &RequestId, error: &RpcError) {
     if let Err(send_error) = connection.respond_error(id, error) {
         log::warn!("the error answer to {id} could not be sent: {send_error}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_read_off_params_that_begin_as_brain_writes_them() {
+        for params in [
+            r#"{"session_id":"s_1","sequence":7,"state_dir":"/d","input":{"transcript":[]}}"#,
+            r#"{"session_id":"","sequence":0}"#,
+            r#"{"session_id":"é","sequence":18446744073709551615,"x":"\"sequence\":1"}"#,
+        ] {
+            let Names {
+                session_id,
+                sequence,
+            } = leading_names(params).expect(params);
+            let whole: Names = serde_json::from_str(params).unwrap();
+            assert_eq!((session_id, sequence), (whole.session_id, whole.sequence));
+        }
+        // Everything else is left to the whole read, which decides.
+        for params in [
+            r#"{"sequence":7,"session_id":"s_1"}"#,
+            r#"{"session_id":"s\u0031","sequence":7}"#,
+            r#"{ "session_id":"s_1","sequence":7}"#,
+            r#"{"session_id":"s_1", "sequence":7}"#,
+            r#"{"session_id":"s_1","sequence":7.0}"#,
+            r#"{"session_id":"s_1","sequence":7e0}"#,
+            r#"{"session_id":"s_1","sequence":-1}"#,
+            r#"{"session_id":"s_1","sequence":"7"}"#,
+            r#"{"session_id":"s_1","sequence":18446744073709551616}"#,
+            r#"{"session_id":"s_1","sequence":7 }"#,
+            r#"["s_1",7]"#,
+        ] {
+            assert!(leading_names(params).is_none(), "{params}");
+        }
     }
 }
