@@ -83,7 +83,7 @@ impl Handler for Reference {
     }
 
     fn run(&self, activation: &Activation) -> Result<Option<Value>, HandlerError> {
-        let params: RunParams = activation
+        let mut params: RunParams = activation
             .params_as()
             .map_err(|error| HandlerError::new("invalid_input", format!("run params: {error}")))?;
         if params.state_dir.is_empty() {
@@ -93,7 +93,7 @@ impl Handler for Reference {
         let state_path = Path::new(&params.state_dir).join(STATE_FILE);
         let state = NativeState::load(&state_path)?;
 
-        let mut transcript = opening_transcript(&params.input);
+        let mut transcript = opening_transcript(&mut params.input);
         let tools: Vec<ToolDefinition> = params
             .input
             .tools
@@ -106,14 +106,13 @@ impl Handler for Reference {
             .collect();
 
         let mut rounds = 0;
-        let final_message = loop {
+        loop {
             rounds += 1;
             let result = model(activation, &transcript, &tools)?;
-            let message = result.message;
-            transcript.push(message.clone());
-            let uses = tool_uses(&message);
+            transcript.push(result.message);
+            let uses = transcript.last().map(tool_uses).unwrap_or_default();
             if uses.is_empty() || result.stop_reason != StopReason::ToolUse {
-                break message;
+                break;
             }
             if rounds >= MAX_ROUNDS {
                 return Err(HandlerError::harness(format!(
@@ -128,7 +127,12 @@ impl Handler for Reference {
                 role: Role::User,
                 content: results,
             });
-        };
+        }
+        // The model's last answer, which ended the loop.
+        let final_text = transcript
+            .last()
+            .map(Message::text_content)
+            .unwrap_or_default();
 
         checkpoint(activation)?;
         activation.call_typed::<_, SequenceResult>(
@@ -145,19 +149,18 @@ impl Handler for Reference {
             HandlerError::harness(format!("writing {}: {error}", state_path.display()))
         })?;
 
-        Ok(Some(
-            json!({ "text": &final_message.text_content(), "rounds": rounds }),
-        ))
+        Ok(Some(json!({ "text": final_text, "rounds": rounds })))
     }
 }
 
 /// The transcript the first model call sees: the saved one, the user's input, the pending events.
-fn opening_transcript(input: &RunInput) -> Vec<Message> {
-    let mut transcript = input.transcript.clone();
-    if let Some(user) = &input.input {
+/// Takes the transcript and the input out of `input` rather than copying them.
+fn opening_transcript(input: &mut RunInput) -> Vec<Message> {
+    let mut transcript = std::mem::take(&mut input.transcript);
+    if let Some(user) = input.input.take() {
         transcript.push(Message {
             role: Role::User,
-            content: user.content.clone(),
+            content: user.content,
         });
     }
     if !input.events.is_empty() {
