@@ -906,6 +906,36 @@ fn a_typed_call_encodes_its_input_and_types_the_answer() {
     assert_eq!(error.code, "activation_closed");
     assert!(error.fatal);
 
+    // An answer that begins as Brain writes one and is not a success response after all fails
+    // the call `invalid_response`, naming what is wrong, instead of leaving it waiting.
+    let caller = in_thread(&connection, |c| {
+        c.call_typed::<_, Sequence>("ses_t", 4, "kv.put", &json!({"key": "k", "value": 2}))
+    });
+    answer(&out.json(), r#""result":{"sequence":24},"error":null"#);
+    let error = caller.join().unwrap().expect_err("not a success response");
+    assert_eq!(error.code, CallError::INVALID_RESPONSE);
+    assert!(
+        error.message.contains("no error or method"),
+        "{}",
+        error.message
+    );
+
+    // An answer laid out otherwise than Brain writes one (members in another order, spaces)
+    // is read the general way and typed the same.
+    let caller = in_thread(&connection, |c| {
+        c.call_typed::<_, Sequence>("ses_t", 4, "kv.put", &json!({"key": "k", "value": 1}))
+    });
+    let id = out.json()["id"]
+        .as_str()
+        .expect("a string call id")
+        .to_owned();
+    let line = format!(r#"{{ "result": {{"sequence": 23}}, "id": "{id}", "jsonrpc": "2.0" }}"#);
+    writeln!(to_harness, "{line}").unwrap();
+    assert_eq!(
+        caller.join().unwrap().expect("the typed answer").sequence,
+        23
+    );
+
     drop(to_harness);
     connection.close();
     drop(connection);
