@@ -1,10 +1,10 @@
 //! JSON encoding for the wire and the journal: the compact text `serde_json::to_vec` writes, with
-//! strings scanned eight bytes at a time.
+//! strings scanned sixteen bytes at a time (short ones byte by byte, inline).
 //!
 //! `serde_json` checks every byte of a string against its escape table on its own. A durable model
 //! callback carries its ≈1 KiB text through Brain's encoder twice (the started record, the result)
 //! and through the harness's once, and that per-byte loop was a quarter of Brain's instructions
-//! per callback (docs/BENCHMARKS.md). [`write`] skips over eight bytes that need no escape in a
+//! per callback (docs/BENCHMARKS.md). [`write`] skips over sixteen bytes that need no escape in a
 //! few instructions and copies them in runs.
 //!
 //! The output is byte for byte what `serde_json` writes for the same value (the tests hold it to
