@@ -526,6 +526,84 @@ fn reference_harness_runs_a_tool_calling_loop_and_keeps_native_state() {
     assert!(harness.wait().success());
 }
 
+/// One text turn of the reference harness: `run`, the model's `reply`, `transcript.set`, the answer.
+fn reference_text_turn(
+    harness: &mut Proc,
+    id: i64,
+    session: &str,
+    sequence: u64,
+    state_dir: &Path,
+) {
+    let params = reference_run(
+        session,
+        sequence,
+        state_dir,
+        json!({"input": {"content": [{"type": "text", "text": "hi"}]}}),
+    );
+    harness.request(id, "run", params);
+    let call = harness.expect_call("model");
+    let reply = json!([{"type": "text", "text": "hello"}]);
+    harness.answer(&call, model_answer(sequence + 1, reply, "end_turn"));
+    let call = harness.expect_call("transcript.set");
+    harness.answer(&call, json!({"sequence": sequence + 2}));
+    let answer = harness.out.response(json!(id));
+    assert!(
+        answer.get("result").is_some(),
+        "the turn completes: {answer}"
+    );
+}
+
+#[test]
+fn reference_harness_reads_its_state_afresh_and_reopens_it_after_close() {
+    let root = TempDir(temp_path("reference-reopen"));
+    let state_dir = root.0.join("ses_o");
+    let mut harness = Proc::spawn(REFERENCE, &[]);
+    harness.initialize();
+    reference_text_turn(&mut harness, 2, "ses_o", 3, &state_dir);
+    assert_eq!(
+        read_state(&state_dir),
+        json!({"turns": 1, "last_sequence": 3})
+    );
+
+    // Overwritten in place between runs, the state the next run reads is the file's.
+    let path = state_dir.join("reference-state.json");
+    let mut in_place = br#"{"turns":10,"last_sequence":3}"#.to_vec();
+    in_place.resize(256, b' ');
+    std::fs::write(&path, &in_place).expect("overwrite the state file");
+    reference_text_turn(&mut harness, 3, "ses_o", 6, &state_dir);
+    assert_eq!(
+        read_state(&state_dir),
+        json!({"turns": 11, "last_sequence": 6})
+    );
+
+    // Replaced by another file (another inode, another size) while the session is closed, the
+    // state is read from the new file, and the next write makes it a full-size file again.
+    harness.request(
+        4,
+        "close",
+        json!({"session_id": "ses_o", "reason": "passivated"}),
+    );
+    assert_eq!(harness.out.response(json!(4))["result"], json!({}));
+    std::fs::remove_file(&path).expect("remove the state file");
+    std::fs::write(&path, br#"{"turns":40,"last_sequence":6}"#).expect("a new state file");
+    let replaced = state_file_identity(&state_dir);
+    reference_text_turn(&mut harness, 5, "ses_o", 9, &state_dir);
+    assert_eq!(
+        read_state(&state_dir),
+        json!({"turns": 41, "last_sequence": 9})
+    );
+    let rewritten = state_file_identity(&state_dir);
+    assert_eq!(rewritten.1, 256, "written back at full size");
+    assert_ne!(
+        rewritten.0, replaced.0,
+        "through a temporary file and a rename"
+    );
+
+    harness.close_stdin();
+    assert!(harness.out.until_eof().is_empty());
+    assert!(harness.wait().success());
+}
+
 #[test]
 fn reference_harness_cancel_during_the_loop_answers_cancelled() {
     let root = TempDir(temp_path("reference-cancel"));

@@ -4,7 +4,8 @@
 //! Each `run` (PROTOCOL.md §6):
 //!
 //! 1. parses its params as [`RunParams`] (anything else fails `invalid_input`) and reads the
-//!    native state file `<state_dir>/reference-state.json` if it exists;
+//!    native state file `<state_dir>/reference-state.json` if it exists (afresh every run; the file
+//!    itself stays open between a session's runs until Brain sends `close`);
 //! 2. starts from the saved transcript (`input.transcript`), appends the user input (if any) as a
 //!    user message and, when `input.events` is not empty, one more user message with a text block
 //!    listing them, one `event <type>: <data as JSON>` line each;
@@ -39,11 +40,13 @@ use brain::protocol::harness::{
 };
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
+use std::collections::HashMap;
 use std::fs::File;
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Mutex;
 
 /// Most model calls in one run.
 const MAX_ROUNDS: u64 = 32;
@@ -55,9 +58,13 @@ const STATE_FILE: &str = "reference-state.json";
 /// one atomic sector write.
 const STATE_FILE_SIZE: usize = 256;
 
-/// The reference harness. Holds nothing in memory between runs: the transcript comes from Brain and
-/// the rest lives in the state directory.
-struct Reference;
+/// The reference harness. Holds no state in memory between runs: the transcript comes from Brain
+/// and the rest lives in the state directory. It keeps each session's state file open between its
+/// runs ([`OpenStateFiles`]), and reads it afresh on every run.
+#[derive(Default)]
+struct Reference {
+    files: OpenStateFiles,
+}
 
 impl Handler for Reference {
     fn initialize(&self, params: &InitializeParams) -> Result<InitializeResult, HandlerError> {
@@ -91,7 +98,14 @@ impl Handler for Reference {
             return Err(HandlerError::new("invalid_input", message));
         }
         let state_path = Path::new(&params.state_dir).join(STATE_FILE);
-        let state = NativeState::load(&state_path)?;
+        let mut file = match self.files.take(&params.session_id) {
+            Some(file) => Some(file),
+            None => StateFile::open(&state_path)?,
+        };
+        let state = match &mut file {
+            Some(file) => file.load(&state_path)?,
+            None => NativeState::default(),
+        };
 
         let mut transcript = opening_transcript(&mut params.input);
         let tools: Vec<ToolDefinition> = params
@@ -145,11 +159,16 @@ impl Handler for Reference {
             turns: state.turns.saturating_add(1),
             last_sequence: Some(params.sequence),
         };
-        state.store(&state_path).map_err(|error| {
+        let file = state.store(&state_path, file).map_err(|error| {
             HandlerError::harness(format!("writing {}: {error}", state_path.display()))
         })?;
+        self.files.keep(&params.session_id, file);
 
         Ok(Some(json!({ "text": final_text, "rounds": rounds })))
+    }
+
+    fn close(&self, session_id: &str, _reason: &str) {
+        self.files.forget(session_id);
     }
 }
 
@@ -271,28 +290,9 @@ struct NativeState {
 }
 
 impl NativeState {
-    /// Reads the state file; a missing file is the empty state. A file that cannot be read or parsed
-    /// fails the run rather than silently starting over.
-    fn load(path: &Path) -> Result<NativeState, HandlerError> {
-        let bytes = match std::fs::read(path) {
-            Ok(bytes) => bytes,
-            Err(error) if error.kind() == io::ErrorKind::NotFound => {
-                return Ok(NativeState::default());
-            }
-            Err(error) => {
-                return Err(HandlerError::harness(format!(
-                    "reading {}: {error}",
-                    path.display()
-                )));
-            }
-        };
-        serde_json::from_slice(&bytes).map_err(|error| {
-            HandlerError::harness(format!("{} is malformed: {error}", path.display()))
-        })
-    }
-
-    /// Writes the state file durably, so that it is on disk before `run` is answered (Brain
-    /// removes the activation marker only after that answer).
+    /// Writes the state durably to `path`, so that it is on disk before `run` is answered (Brain
+    /// removes the activation marker only after that answer), and gives back the file open for the
+    /// session's next run.
     ///
     /// The file always holds [`STATE_FILE_SIZE`] bytes: the JSON padded with spaces (trailing
     /// whitespace is valid JSON). Once it exists, a new state overwrites it in place with one
@@ -302,7 +302,7 @@ impl NativeState {
     /// where a temporary file and a rename cost a file sync, a directory sync and a new inode.
     /// The first write, or a file of another size, goes through a temporary file that is synced
     /// and renamed over the old one, and the directory is synced so the rename survives a crash.
-    fn store(&self, path: &Path) -> io::Result<()> {
+    fn store(&self, path: &Path, file: Option<StateFile>) -> io::Result<StateFile> {
         let mut bytes = serde_json::to_vec(self).map_err(io::Error::other)?;
         if bytes.len() >= STATE_FILE_SIZE {
             return Err(io::Error::other(format!(
@@ -313,27 +313,128 @@ impl NativeState {
         }
         bytes.resize(STATE_FILE_SIZE - 1, b' ');
         bytes.push(b'\n');
-        match std::fs::OpenOptions::new().write(true).open(path) {
-            Ok(file) if file.metadata()?.len() == STATE_FILE_SIZE as u64 => {
-                file.write_all_at(&bytes, 0)?;
-                return file.sync_data();
-            }
-            Ok(_) => {}
-            Err(error) if error.kind() == io::ErrorKind::NotFound => {}
-            Err(error) => return Err(error),
+        if let Some(file) = file.filter(|file| file.in_place) {
+            file.file.write_all_at(&bytes, 0)?;
+            file.file.sync_data()?;
+            return Ok(file);
         }
         let directory = path.parent().unwrap_or(Path::new("."));
-        std::fs::create_dir_all(directory)?;
         let mut temporary = path.as_os_str().to_owned();
         temporary.push(".tmp");
         let temporary = PathBuf::from(temporary);
-        {
-            let mut file = File::create(&temporary)?;
-            file.write_all(&bytes)?;
-            file.sync_all()?;
-        }
+        let create = || {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&temporary)
+        };
+        // Brain creates the state directory with the session; make it only when it is missing.
+        let mut file = match create() {
+            Err(error) if error.kind() == io::ErrorKind::NotFound => {
+                std::fs::create_dir_all(directory)?;
+                create()?
+            }
+            created => created?,
+        };
+        file.write_all(&bytes)?;
+        file.sync_all()?;
         std::fs::rename(&temporary, path)?;
-        File::open(directory)?.sync_all()
+        File::open(directory)?.sync_all()?;
+        // The descriptor follows the inode: it is now the state file itself.
+        Ok(StateFile {
+            file,
+            in_place: true,
+        })
+    }
+}
+
+/// A session's state file, open for reading and writing.
+struct StateFile {
+    file: File,
+    /// The file holds [`STATE_FILE_SIZE`] bytes, so a new state overwrites it in place.
+    in_place: bool,
+}
+
+impl StateFile {
+    /// Opens the state file at `path`; `None` when there is none yet. A file that cannot be opened
+    /// fails the run rather than silently starting over.
+    fn open(path: &Path) -> Result<Option<StateFile>, HandlerError> {
+        let opened = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .and_then(|file| {
+                let in_place = file.metadata()?.len() == STATE_FILE_SIZE as u64;
+                Ok(StateFile { file, in_place })
+            });
+        match opened {
+            Ok(file) => Ok(Some(file)),
+            Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(error) => Err(HandlerError::harness(format!(
+                "opening {}: {error}",
+                path.display()
+            ))),
+        }
+    }
+
+    /// Reads the state the file holds now (`path` names it in errors). A file that cannot be read
+    /// or parsed fails the run.
+    fn load(&mut self, path: &Path) -> Result<NativeState, HandlerError> {
+        let read_error = |error: io::Error| {
+            HandlerError::harness(format!("reading {}: {error}", path.display()))
+        };
+        let bytes = if self.in_place {
+            let mut bytes = [0; STATE_FILE_SIZE];
+            self.file.read_exact_at(&mut bytes, 0).map_err(read_error)?;
+            bytes.to_vec()
+        } else {
+            let mut bytes = Vec::new();
+            self.file.read_to_end(&mut bytes).map_err(read_error)?;
+            bytes
+        };
+        serde_json::from_slice(&bytes).map_err(|error| {
+            HandlerError::harness(format!("{} is malformed: {error}", path.display()))
+        })
+    }
+}
+
+/// The most state files kept open between runs; the sessions beyond them open theirs on every
+/// run. Far below the usual soft limit of 1,024 descriptors.
+const MAX_OPEN_STATE_FILES: usize = 256;
+
+/// The state files of this worker's sessions between their runs, by session id, so that a turn
+/// does not open (and look up the path of) its state file twice. A run takes its session's file
+/// (Brain runs one activation of a session at a time), a completed run gives it back, and `close`
+/// drops it: a session keeps its worker for life, and a passivated or deleted one is closed first.
+/// A run that fails gives nothing back, so the next one opens the file afresh.
+#[derive(Default)]
+struct OpenStateFiles {
+    files: Mutex<HashMap<String, StateFile>>,
+}
+
+impl OpenStateFiles {
+    fn take(&self, session_id: &str) -> Option<StateFile> {
+        self.lock().remove(session_id)
+    }
+
+    fn keep(&self, session_id: &str, file: StateFile) {
+        let mut files = self.lock();
+        if files.len() < MAX_OPEN_STATE_FILES {
+            files.insert(session_id.to_owned(), file);
+        }
+    }
+
+    fn forget(&self, session_id: &str) {
+        self.lock().remove(session_id);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, StateFile>> {
+        // The map stays whole if a holder panicked: every operation on it is a single call.
+        self.files
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
@@ -341,7 +442,7 @@ fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"))
         .target(env_logger::Target::Stderr)
         .init();
-    match serve(&Reference) {
+    match serve(&Reference::default()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             log::error!("reading from Brain failed: {error}");
