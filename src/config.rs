@@ -1216,8 +1216,12 @@ mod tests {
 
     impl Drop for Temp {
         fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-            let _ = std::fs::remove_file(&self.0);
+            if std::thread::panicking() {
+                eprintln!("kept the failed test's file {}", self.0.display());
+            } else {
+                let _ = std::fs::remove_dir_all(&self.0);
+                let _ = std::fs::remove_file(&self.0);
+            }
         }
     }
 

@@ -548,7 +548,7 @@ fn to_value(value: &impl serde::Serialize) -> Value {
     serde_json::to_value(value).expect("serializing to memory cannot fail")
 }
 
-/// A fresh directory, removed on drop.
+/// A fresh directory, removed on drop, or kept and named on stderr when the thread panics.
 struct TempDir(PathBuf);
 
 impl TempDir {
@@ -574,7 +574,11 @@ impl TempDir {
 
 impl Drop for TempDir {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        if std::thread::panicking() {
+            eprintln!("kept the failed test's directory {}", self.0.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
     }
 }
 

@@ -388,12 +388,16 @@ fn state_file_identity(state_dir: &Path) -> (u64, u64) {
     (metadata.ino(), metadata.len())
 }
 
-/// Removes a temp directory when the test ends, also on panic.
+/// Removes a temp directory when the test passes; keeps it, and names it, when the test fails.
 struct TempDir(PathBuf);
 
 impl Drop for TempDir {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        if std::thread::panicking() {
+            eprintln!("kept the failed test's directory {}", self.0.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
     }
 }
 

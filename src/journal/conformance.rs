@@ -13,7 +13,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// A directory under the system's temporary directory, removed (with its contents) on drop.
+/// A directory under the system's temporary directory, removed (with its contents) on drop, or
+/// kept and named on stderr when the test is failing.
 pub(crate) struct TempDir(PathBuf);
 
 impl TempDir {
@@ -46,7 +47,11 @@ impl TempDir {
 
 impl Drop for TempDir {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        if std::thread::panicking() {
+            eprintln!("kept the failed test's directory {}", self.0.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
     }
 }
 
