@@ -3,9 +3,9 @@
 //! and the Brain arms — callbacks, activations, turns, memory per session, startup with many
 //! sessions, threads — and prints every figure with its ratio to the matching baseline, as the
 //! issue's targets phrase them. Timed arms run in rounds (every arm once per round, each Brain arm
-//! right after the baseline it is compared with) and report medians over the rounds; each ratio is
-//! the median of the per-round ratios, so a slow moment of the machine hits an arm and its
-//! baseline alike. Every trial also records the CPUs the bench used and the share of the machine
+//! with a target right after a trial of the baseline it is compared with: see [`rounds`]) and
+//! report medians over the rounds; each ratio is the median of the per-round ratios, so a slow
+//! moment of the machine hits an arm and its baseline alike. Every trial also records the CPUs the bench used and the share of the machine
 //! other processes took meanwhile, which tells a noisy trial from a slow one.
 //!
 //! Plain `std` timing; no async runtime. Build with `cargo build --release --bins` (the reference
@@ -18,11 +18,12 @@ mod instructions;
 mod machine;
 mod probes;
 mod report;
+mod rounds;
 mod stats;
 
 use arms::{Harness, Setup, TurnArm};
 use brain::Storage;
-use machine::{TICKS_PER_SECOND, cpu_counters, describe_machine, machine, spread_runs};
+use machine::{cpu_counters, describe_machine, machine, spread_runs};
 use probes::number;
 use report::{print_probes, print_table, print_targets};
 use serde_json::{Value, json};
@@ -498,64 +499,11 @@ fn run(options: &Options) -> Result<bool, String> {
         .into_iter()
         .filter(|arm| wanted(options, arm.id))
         .collect();
-    let mut trials: Vec<Vec<Option<Trial>>> = vec![Vec::new(); arms.len()];
-    let mut failures: Vec<(String, String)> = Vec::new();
-    for r in 0..plan.rounds {
-        for (index, arm) in arms.iter().enumerate() {
-            let name = format!("{}-r{r}", arm.id);
-            let arm_began = Instant::now();
-            let counters = cpu_counters();
-            let result = (arm.run)(&setup, plan, &name).map(|mut trial| {
-                let after = cpu_counters();
-                trial.wall_s = arm_began.elapsed().as_secs_f64();
-                trial.cpus_used =
-                    after.own.saturating_sub(counters.own) as f64 / TICKS_PER_SECOND / trial.wall_s;
-                trial.other_share = after.other_share_since(&counters);
-                let operations = trial.rate * trial.wall_s;
-                if operations > 0.0 {
-                    trial.sleeps_per_op =
-                        after.sleeps.saturating_sub(counters.sleeps) as f64 / operations;
-                }
-                trial
-            });
-            match &result {
-                Ok(trial) => eprintln!(
-                    "round {}/{} {:<18} {:>9.0} {}/s  p50 {:>9.1} µs  p99 {:>9.1} µs  ({:.1} s, {:.2} CPUs, {:.2} sleeps/op, others {:.0} %{})",
-                    r + 1,
-                    plan.rounds,
-                    arm.id,
-                    trial.rate,
-                    arm.unit,
-                    trial.p50_us,
-                    trial.p99_us,
-                    trial.wall_s,
-                    trial.cpus_used,
-                    trial.sleeps_per_op,
-                    trial.other_share * 100.0,
-                    trial
-                        .records_per_flush
-                        .map(|r| format!(", {r:.1} records/flush"))
-                        .unwrap_or_default()
-                ),
-                Err(error) => {
-                    eprintln!(
-                        "round {}/{} {:<18} FAILED: {error}",
-                        r + 1,
-                        plan.rounds,
-                        arm.id
-                    );
-                    failures.push((arm.id.to_owned(), error.clone()));
-                }
-            }
-            trials[index].push(result.ok());
-        }
-    }
+    let mut rounds = rounds::run(&arms, &setup, plan);
+    let mut failures = std::mem::take(&mut rounds.failures);
+    let trials = &rounds.trials;
 
     // Medians over rounds, and the median of the per-round ratios.
-    let by_id = |id: &str, r: usize| -> Option<Trial> {
-        let index = arms.iter().position(|arm| arm.id == id)?;
-        trials[index].get(r)?.clone()
-    };
     let mut rows = Vec::new();
     let mut targets = Vec::new();
     for (index, arm) in arms.iter().enumerate() {
@@ -577,7 +525,8 @@ fn run(options: &Options) -> Result<bool, String> {
         let ratios: Vec<f64> = (0..plan.rounds)
             .filter_map(|r| {
                 let trial = trials[index].get(r)?.as_ref()?;
-                arm.ratio.value(trial, &|id| by_id(id, r))
+                arm.ratio
+                    .value(trial, &|id| rounds.baseline(&arms, index, id, r))
             })
             .collect();
         let ratio = (!ratios.is_empty()).then(|| median(&ratios));
@@ -589,7 +538,7 @@ fn run(options: &Options) -> Result<bool, String> {
                 let per_round: Vec<f64> = (0..plan.rounds)
                     .filter_map(|r| {
                         let trial = trials[index].get(r)?.as_ref()?;
-                        extra.value(trial, &|id| by_id(id, r))
+                        extra.value(trial, &|id| rounds.baseline(&arms, index, id, r))
                     })
                     .collect();
                 (!per_round.is_empty()).then(|| {
@@ -613,6 +562,10 @@ fn run(options: &Options) -> Result<bool, String> {
             "title": arm.title,
             "unit": arm.unit,
             "trials": trials[index].iter().map(|t| t.as_ref().map(Trial::to_json)).collect::<Vec<_>>(),
+            "paired_baseline": rounds::paired_baseline(&arms, index).map(|id| json!({
+                "id": id,
+                "trials": rounds.paired[index].iter().map(|t| t.as_ref().map(Trial::to_json)).collect::<Vec<_>>(),
+            })),
             "median": medians.to_json(),
             "ratio": ratio.map(|value| json!({
                 "value": round(value, 3),
