@@ -856,8 +856,10 @@ fn a_fatal_call_error_cancels_the_activation_and_a_plain_one_does_not() {
             .call("environments.get", json!({"name": "workspace"}))
             .map_err(describe)
             .expect_err("the first call fails");
+        // Started and then waited for: the wait cancels the token as `call` does.
         let second = activation
-            .call("model", json!({"messages": []}))
+            .start_call_typed::<_, Value>("model", &json!({"messages": []}))
+            .and_then(|pending| pending.wait())
             .map_err(describe)
             .expect_err("the second call fails");
         Ok(Some(json!({
@@ -987,6 +989,24 @@ fn a_typed_call_encodes_its_input_and_types_the_answer() {
     let error = caller.join().unwrap().expect_err("an error answer");
     assert_eq!(error.code, "activation_closed");
     assert!(error.fatal);
+
+    // Calls started on one thread are all sent before any answer; each waits for its own answer,
+    // whichever order they come in.
+    let caller = in_thread(&connection, |c| {
+        let first =
+            c.start_call_typed::<_, Sequence>("ses_t", 4, "kv.put", &json!({"key": "a"}))?;
+        let second =
+            c.start_call_typed::<_, Sequence>("ses_t", 4, "kv.delete", &json!({"key": "b"}))?;
+        assert_eq!(first.method(), "kv.put");
+        Ok::<_, CallError>((first.wait()?.sequence, second.wait()?.sequence))
+    });
+    let first = out.json();
+    let second = out.json();
+    assert_eq!(first["params"]["method"], "kv.put");
+    assert_eq!(second["params"]["method"], "kv.delete");
+    answer(&second, r#""result":{"sequence":31}"#);
+    answer(&first, r#""result":{"sequence":30}"#);
+    assert_eq!(caller.join().unwrap().expect("both answers"), (30, 31));
 
     // An answer that begins as Brain writes one and is not a success response after all fails
     // the call `invalid_response`, naming what is wrong, instead of leaving it waiting.

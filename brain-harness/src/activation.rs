@@ -1,6 +1,6 @@
 //! [`Activation`]: what a handler's `run` sees of the activation it executes.
 
-use super::connection::Connection;
+use super::connection::{Connection, PendingCall};
 use super::error::CallError;
 use crate::cancel::CancelToken;
 use brain_protocol::jsonrpc::RequestId;
@@ -125,21 +125,34 @@ impl Activation {
         method: &str,
         input: &I,
     ) -> Result<O, CallError> {
-        let result = self
-            .connection
-            .call_typed(&self.session_id, self.sequence, method, input);
-        if let Err(error) = &result
-            && error.fatal
-        {
-            log::debug!(
-                "activation {} of {} cancelled by a fatal {method} error: {}",
-                self.sequence,
-                self.session_id,
-                error.code
-            );
-            self.cancel.cancel();
+        self.start_call_typed(method, input)?.wait()
+    }
+
+    /// Sends a call as [`call_typed`](Self::call_typed) does without waiting for its answer, so
+    /// that this thread can have several calls in flight, e.g. every tool call a model asked for
+    /// at once; [`PendingCall::wait`] blocks for the answer and, as `call` does, cancels this
+    /// activation's token before returning a fatal error. Wait for every call before returning
+    /// from `run`.
+    ///
+    /// # Errors
+    /// As [`Connection::start_call_typed`]: the call was not sent.
+    pub fn start_call_typed<I: Serialize + ?Sized, O: DeserializeOwned>(
+        &self,
+        method: &str,
+        input: &I,
+    ) -> Result<PendingCall<'_, O>, CallError> {
+        let pending =
+            self.connection
+                .start_call_typed(&self.session_id, self.sequence, method, input);
+        match pending {
+            Ok(pending) => Ok(pending.cancelling_on_fatal(&self.cancel)),
+            Err(error) => {
+                if error.fatal {
+                    self.cancel.cancel();
+                }
+                Err(error)
+            }
         }
-        result
     }
 }
 

@@ -1,9 +1,11 @@
 //! [`Connection`]: the low-level, blocking JSON-RPC connection of a harness to Brain.
 
 use super::error::{CallError, SendError};
+use super::handoff::Expected;
 use super::io::{self, IoThreads, Output};
-use super::pending::Pending;
+use super::pending::{Answer, Pending};
 use super::request::BrainRequest;
+use crate::cancel::CancelToken;
 use brain_protocol::harness::method;
 use brain_protocol::jsonrpc::{self, RequestId, RpcError};
 use crossbeam_channel::Receiver;
@@ -11,6 +13,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use std::io::{Read, Write};
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -167,6 +170,25 @@ impl Connection {
         method: &str,
         input: &I,
     ) -> Result<O, CallError> {
+        self.start_call_typed(session_id, sequence, method, input)?
+            .wait()
+    }
+
+    /// Sends the call as [`call_typed`](Self::call_typed) does and returns without waiting for
+    /// the answer, so that one thread can have several calls in flight (a model's parallel tool
+    /// calls, say): [`PendingCall::wait`] blocks for this call's answer. Calls are sent in the
+    /// order they are started; Brain may answer them in any order.
+    ///
+    /// # Errors
+    /// A call that could not be sent: [`CallError::CONNECTION_CLOSED`],
+    /// [`CallError::INPUT_TOO_LARGE`].
+    pub fn start_call_typed<I: Serialize + ?Sized, O: DeserializeOwned>(
+        &self,
+        session_id: &str,
+        sequence: u64,
+        method: &str,
+        input: &I,
+    ) -> Result<PendingCall<'_, O>, CallError> {
         #[derive(Serialize)]
         struct Params<'a, I: ?Sized> {
             session_id: &'a str,
@@ -195,13 +217,13 @@ impl Connection {
             self.pending.forget(&id);
             return Err(self.closed_error());
         }
-        match answer.wait() {
-            Some(Ok(result)) => result.typed().map_err(|error| {
-                CallError::invalid_response(format!("the answer to {method} is malformed: {error}"))
-            }),
-            Some(Err(error)) => Err(CallError::from_rpc(error)),
-            None => Err(self.closed_error()),
-        }
+        Ok(PendingCall {
+            connection: self,
+            method: method.to_owned(),
+            answer,
+            cancel_on_fatal: None,
+            typed: PhantomData,
+        })
     }
 
     /// **For testing hosts.** Writes `line` as one line (the SDK appends the newline) without
@@ -258,6 +280,71 @@ impl Connection {
             .closed_reason()
             .unwrap_or_else(|| "the connection's writer stopped".to_owned());
         CallError::connection_closed(&reason)
+    }
+}
+
+/// A `brain/call` that was sent and is not answered yet: [`Connection::start_call_typed`] and
+/// [`Activation::start_call_typed`](super::Activation::start_call_typed) return it, and
+/// [`wait`](Self::wait) blocks until its answer arrives. Dropping it without waiting discards the
+/// answer when it comes; the call itself still runs in Brain, so a `run` must wait for every call
+/// it started before it returns.
+#[must_use = "wait for every call before returning from run"]
+pub struct PendingCall<'a, O> {
+    connection: &'a Connection,
+    method: String,
+    answer: Expected<Answer>,
+    /// Cancelled before `wait` returns a fatal error (the activation's token, for a call started
+    /// through [`Activation`](super::Activation)).
+    cancel_on_fatal: Option<&'a CancelToken>,
+    typed: PhantomData<fn() -> O>,
+}
+
+impl<'a, O: DeserializeOwned> PendingCall<'a, O> {
+    /// Cancels `token` when the answer is a fatal error, before [`wait`](Self::wait) returns it.
+    pub(crate) fn cancelling_on_fatal(mut self, token: &'a CancelToken) -> PendingCall<'a, O> {
+        self.cancel_on_fatal = Some(token);
+        self
+    }
+
+    /// The method called (`model`, `tool`, …).
+    pub fn method(&self) -> &str {
+        &self.method
+    }
+
+    /// Blocks until the answer arrives and types its result as `O`.
+    ///
+    /// # Errors
+    /// As [`Connection::call_typed`].
+    pub fn wait(self) -> Result<O, CallError> {
+        let result = match self.answer.wait() {
+            Some(Ok(result)) => result.typed().map_err(|error| {
+                CallError::invalid_response(format!(
+                    "the answer to {} is malformed: {error}",
+                    self.method
+                ))
+            }),
+            Some(Err(error)) => Err(CallError::from_rpc(error)),
+            None => Err(self.connection.closed_error()),
+        };
+        if let (Err(error), Some(token)) = (&result, self.cancel_on_fatal)
+            && error.fatal
+        {
+            log::debug!(
+                "cancelling the activation: {} failed fatally with {}",
+                self.method,
+                error.code
+            );
+            token.cancel();
+        }
+        result
+    }
+}
+
+impl<O> std::fmt::Debug for PendingCall<'_, O> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PendingCall")
+            .field("method", &self.method)
+            .finish_non_exhaustive()
     }
 }
 

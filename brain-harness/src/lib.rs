@@ -82,7 +82,7 @@ mod serve;
 
 pub use crate::cancel::CancelToken;
 pub use activation::Activation;
-pub use connection::{Connection, DEFAULT_MAX_LINE_BYTES};
+pub use connection::{Connection, DEFAULT_MAX_LINE_BYTES, PendingCall};
 pub use error::{CallError, HandlerError, SendError};
 pub use io::IoThreads;
 pub use request::BrainRequest;
