@@ -609,6 +609,134 @@ fn reference_harness_reads_its_state_afresh_and_reopens_it_after_close() {
 }
 
 #[test]
+fn reference_harness_has_a_rounds_tool_calls_in_flight_at_once_and_keeps_their_order() {
+    let root = TempDir(temp_path("reference-parallel"));
+    let mut harness = Proc::spawn(REFERENCE, &[]);
+    harness.initialize();
+    let params = reference_run(
+        "ses_p",
+        2,
+        &root.0,
+        json!({"input": {"content": [{"type": "text", "text": "go"}]}}),
+    );
+    harness.request(2, "run", params);
+    let call = harness.expect_call("model");
+    let asks = json!([
+        {"type": "tool_use", "id": "t1", "name": "a", "input": {"n": 1}},
+        {"type": "tool_use", "id": "t2", "name": "b", "input": {"n": 2}},
+        {"type": "tool_use", "id": "t3", "name": "c", "input": {"n": 3}}
+    ]);
+    harness.answer(&call, model_answer(10, asks, "tool_use"));
+
+    // All three are sent before any is answered, in the blocks' order.
+    let calls: Vec<Value> = (0..3).map(|_| harness.expect_call("tool")).collect();
+    let names: Vec<&Value> = calls
+        .iter()
+        .map(|call| &call["params"]["input"]["name"])
+        .collect();
+    assert_eq!(names, ["a", "b", "c"]);
+    // Answered last first, the middle one with an error that is not fatal.
+    let ok = |text: &str| {
+        json!({"outcome": "ok", "content": [{"type": "text", "text": text}],
+        "is_error": false})
+    };
+    harness.answer(&calls[2], json!({"sequence": 13, "result": ok("three")}));
+    harness.answer_error(&calls[1], "invalid_input", false);
+    harness.answer(&calls[0], json!({"sequence": 11, "result": ok("one")}));
+
+    let call = harness.expect_call("model");
+    let results = &call["params"]["input"]["messages"][2];
+    assert_eq!(results["role"], "user");
+    let ids: Vec<&Value> = results["content"]
+        .as_array()
+        .expect("tool results")
+        .iter()
+        .map(|block| &block["tool_use_id"])
+        .collect();
+    assert_eq!(ids, ["t1", "t2", "t3"], "the blocks' order: {results}");
+    assert_eq!(results["content"][0]["content"][0]["text"], "one");
+    assert_eq!(results["content"][1]["is_error"], true);
+    let failed = results["content"][1]["content"][0]["text"]
+        .as_str()
+        .unwrap();
+    assert!(failed.contains("invalid_input"), "{failed}");
+    assert_eq!(results["content"][2]["content"][0]["text"], "three");
+
+    // A fatal error ends the run with its code, once every call of the round is answered.
+    let asks = json!([
+        {"type": "tool_use", "id": "t4", "name": "a", "input": {}},
+        {"type": "tool_use", "id": "t5", "name": "b", "input": {}}
+    ]);
+    harness.answer(&call, model_answer(20, asks, "tool_use"));
+    let first = harness.expect_call("tool");
+    let second = harness.expect_call("tool");
+    harness.answer_error(&first, "activation_closed", true);
+    harness.answer(&second, json!({"sequence": 22, "result": ok("late")}));
+    let answer = harness.out.json();
+    assert_eq!(answer["id"], 2, "no further callback: {answer}");
+    assert_eq!(error_code(&answer), "activation_closed");
+    assert!(
+        !root.0.join("reference-state.json").exists(),
+        "a failed run saves nothing"
+    );
+
+    harness.close_stdin();
+    assert!(harness.out.until_eof().is_empty());
+    assert!(harness.wait().success());
+}
+
+#[test]
+fn reference_harness_keeps_at_most_64_tool_calls_in_flight() {
+    let root = TempDir(temp_path("reference-in-flight"));
+    let mut harness = Proc::spawn(REFERENCE, &[]);
+    harness.initialize();
+    let params = reference_run(
+        "ses_w",
+        2,
+        &root.0,
+        json!({"input": {"content": [{"type": "text", "text": "go"}]}}),
+    );
+    harness.request(2, "run", params);
+    let call = harness.expect_call("model");
+    let asks: Vec<Value> = (0..65)
+        .map(|n| json!({"type": "tool_use", "id": format!("t{n}"), "name": "a", "input": {"n": n}}))
+        .collect();
+    harness.answer(&call, model_answer(10, json!(asks), "tool_use"));
+
+    let first: Vec<Value> = (0..64).map(|_| harness.expect_call("tool")).collect();
+    // A negative check needs a bound: the 65th waits for the first 64's answers.
+    assert_eq!(
+        harness.out.rx.recv_timeout(Duration::from_millis(300)),
+        Err(RecvTimeoutError::Timeout)
+    );
+    let ok = json!({"outcome": "ok", "content": [], "is_error": false});
+    for call in first.iter().rev() {
+        harness.answer(call, json!({"sequence": 11, "result": ok}));
+    }
+    let last = harness.expect_call("tool");
+    assert_eq!(last["params"]["input"]["input"], json!({"n": 64}));
+    harness.answer(&last, json!({"sequence": 12, "result": ok}));
+
+    let call = harness.expect_call("model");
+    let ids: Vec<String> = call["params"]["input"]["messages"][2]["content"]
+        .as_array()
+        .expect("tool results")
+        .iter()
+        .map(|block| block["tool_use_id"].as_str().unwrap().to_owned())
+        .collect();
+    let expected: Vec<String> = (0..65).map(|n| format!("t{n}")).collect();
+    assert_eq!(ids, expected);
+    harness.answer(&call, model_answer(13, json!([]), "end_turn"));
+    let call = harness.expect_call("transcript.set");
+    harness.answer(&call, json!({"sequence": 14}));
+    assert!(harness.out.response(json!(2)).get("result").is_some());
+
+    harness.close_stdin();
+    assert!(harness.out.until_eof().is_empty());
+    assert!(harness.wait().success());
+}
+
+#[test]
 fn reference_harness_cancel_during_the_loop_answers_cancelled() {
     let root = TempDir(temp_path("reference-cancel"));
     let mut harness = Proc::spawn(REFERENCE, &[]);

@@ -12,9 +12,9 @@
 //! 3. loops: calls `model` with `{messages: <transcript>, tools: <the session's tools as
 //!    definitions>}` (no `system`: Brain applies the session's) and appends the assistant message.
 //!    When that message holds `tool_use` blocks and the stop reason is `tool_use`, it calls `tool`
-//!    for each, in order, and appends one user message with their `tool_result` blocks; a tool
-//!    call that fails without being fatal (say an undeclared tool) becomes an error result the
-//!    model reads. Otherwise the loop ends. At most 32 model calls (rounds): a 32nd answer that
+//!    for each, all at once (sent in order, at most 64 in flight), and appends one user message with
+//!    their `tool_result` blocks in the blocks' order; a tool call that fails without
+//!    being fatal (say an undeclared tool) becomes an error result the model reads. Otherwise the loop ends. At most 32 model calls (rounds): a 32nd answer that
 //!    still asks for tools fails the run `harness_error` ("too many rounds");
 //! 4. saves the whole transcript with `transcript.set`, then writes the native state file
 //!    (`{"turns": <completed runs>, "last_sequence": <this run's sequence>}`, padded with spaces
@@ -32,7 +32,7 @@
 //!
 //! Speaks brain/harness/v1 on stdin/stdout; logs to stderr (`RUST_LOG`, default `warn`).
 
-use brain::harness::{Activation, CallError, Handler, HandlerError, serve};
+use brain::harness::{Activation, CallError, Handler, HandlerError, PendingCall, serve};
 use brain::protocol::harness::{
     Block, Capabilities, Event, Identity, InitializeParams, InitializeResult, Message,
     ModelCallResult, ModelResult, PROTOCOL, Role, RunInput, RunParams, SequenceResult, StopReason,
@@ -133,10 +133,7 @@ impl Handler for Reference {
                     "too many rounds: the model still asks for tools after {MAX_ROUNDS} calls"
                 )));
             }
-            let mut results = Vec::with_capacity(uses.len());
-            for (id, name, input) in uses {
-                results.push(tool(activation, id, name, input)?);
-            }
+            let results = tool_round(activation, &uses)?;
             transcript.push(Message {
                 role: Role::User,
                 content: results,
@@ -234,30 +231,70 @@ fn model(
     Ok(answer.result)
 }
 
-/// One `tool` call, as the `tool_result` block answering `tool_use_id`. A fatal error ends the run;
-/// any other error becomes an error result for the model to read.
-fn tool(
+/// The most `tool` calls a round has in flight at once: PROTOCOL.md's limit on an activation's
+/// unanswered callbacks (more would fail `overloaded`).
+const MAX_TOOLS_IN_FLIGHT: usize = 64;
+
+/// One round's `tool` calls, all in flight at once (the `tool_use` blocks of one answer are
+/// independent of each other; past [`MAX_TOOLS_IN_FLIGHT`], in groups of that many), as
+/// `tool_result` blocks in the order of the blocks. The cancel token is checked before each call is
+/// sent. Every call sent is waited for; then the first of them, in block order, that failed
+/// fatally (or found the run cancelled) ends the run with its code, and no later call is sent. Any
+/// other error becomes an error result for the model to read.
+fn tool_round(
     activation: &Activation,
-    tool_use_id: &str,
-    name: &str,
-    input: &Value,
-) -> Result<Block, HandlerError> {
-    checkpoint(activation)?;
-    let call = ToolCallWire { name, input };
-    let (content, is_error) = match activation.call_typed::<_, ToolCallResult>("tool", &call) {
-        Ok(answer) => (answer.result.content, answer.result.is_error),
-        Err(error) if error.fatal => return Err(error.into()),
-        Err(CallError { code, message, .. }) => {
-            log::info!("tool {name} failed ({code}): {message}");
-            let text = format!("the tool call failed ({code}): {message}");
-            (vec![Block::text(text)], true)
+    uses: &[(&str, &str, &Value)],
+) -> Result<Vec<Block>, HandlerError> {
+    let mut results = Vec::with_capacity(uses.len());
+    for group in uses.chunks(MAX_TOOLS_IN_FLIGHT) {
+        let mut calls = Vec::with_capacity(group.len());
+        for &(_, name, input) in group {
+            if let Err(cancelled) = checkpoint(activation) {
+                calls.push(Err(cancelled));
+                break;
+            }
+            let call = ToolCallWire { name, input };
+            match activation.start_call_typed::<_, ToolCallResult>("tool", &call) {
+                Ok(pending) => calls.push(Ok(Ok(pending))),
+                Err(error) if error.fatal => {
+                    calls.push(Err(error.into()));
+                    break;
+                }
+                Err(error) => calls.push(Ok(Err(error))),
+            }
         }
-    };
-    Ok(Block::ToolResult {
-        tool_use_id: tool_use_id.to_owned(),
-        content,
-        is_error,
-    })
+        let mut ended = None;
+        for (&(tool_use_id, name, _), call) in group.iter().zip(calls) {
+            let answer = match call {
+                Ok(sent) => sent.and_then(PendingCall::wait),
+                Err(error) => {
+                    ended.get_or_insert(error);
+                    continue;
+                }
+            };
+            let (content, is_error) = match answer {
+                Ok(answer) => (answer.result.content, answer.result.is_error),
+                Err(error) if error.fatal => {
+                    ended.get_or_insert(error.into());
+                    continue;
+                }
+                Err(CallError { code, message, .. }) => {
+                    log::info!("tool {name} failed ({code}): {message}");
+                    let text = format!("the tool call failed ({code}): {message}");
+                    (vec![Block::text(text)], true)
+                }
+            };
+            results.push(Block::ToolResult {
+                tool_use_id: tool_use_id.to_owned(),
+                content,
+                is_error,
+            });
+        }
+        if let Some(error) = ended {
+            return Err(error);
+        }
+    }
+    Ok(results)
 }
 
 /// A `model` input (`ModelRequest`'s wire form) that borrows the transcript instead of

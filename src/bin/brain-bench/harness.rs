@@ -8,8 +8,8 @@
 //! - `kv`: stores a ≈1 KiB value with `kv.put`, then calls `kv.get` of it in a loop;
 //! - `model`: calls `model` with a ≈1 KiB user message in a loop;
 //! - `turn`: the reference harness's loop without its native state file: `model` with the
-//!   transcript and the session's tools, every `tool_use` through `tool`, until the model stops
-//!   asking; then `transcript.set` and the answer `{"text", "rounds"}`.
+//!   transcript and the session's tools, a round's `tool_use` blocks through `tool` all at once,
+//!   until the model stops asking; then `transcript.set` and the answer `{"text", "rounds"}`.
 //!
 //! The loops run until `plan.end_ns` (Unix nanoseconds, the clock shared with the bench) and count
 //! the callbacks that started at or after `plan.start_ns`: the answer is
@@ -172,14 +172,27 @@ fn turn(activation: &Activation, params: &RunParams) -> Result<Option<Value>, Ha
         if uses.is_empty() || answer.result.stop_reason != StopReason::ToolUse || rounds >= 32 {
             break message;
         }
-        let mut results = Vec::with_capacity(uses.len());
+        // All of a round's calls in flight at once, as the reference harness has them.
+        let mut calls = Vec::with_capacity(uses.len());
         for (id, name, input) in uses {
             let call = ToolCallInput {
                 name,
                 input,
                 environment: None,
             };
-            let answer: ToolCallResult = activation.call_typed("tool", &call)?;
+            calls.push((
+                id,
+                activation.start_call_typed::<_, ToolCallResult>("tool", &call),
+            ));
+        }
+        // Every call is waited for before an error ends the run.
+        let answers: Vec<_> = calls
+            .into_iter()
+            .map(|(id, call)| (id, call.and_then(|pending| pending.wait())))
+            .collect();
+        let mut results = Vec::with_capacity(answers.len());
+        for (id, answer) in answers {
+            let answer = answer?;
             results.push(Block::ToolResult {
                 tool_use_id: id,
                 content: answer.result.content,
