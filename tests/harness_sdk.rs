@@ -363,6 +363,24 @@ fn reference_run(session_id: &str, sequence: u64, state_dir: &Path, input: Value
     })
 }
 
+/// A reference harness, initialized and running activation 2 of `session` (the input "go") in
+/// `state_dir`, and its first `model` call.
+fn reference_going(session: &str, state_dir: &Path) -> (Proc, Value) {
+    let mut harness = Proc::spawn(REFERENCE, &[]);
+    harness.initialize();
+    let input = json!({"input": {"content": [{"type": "text", "text": "go"}]}});
+    harness.request(2, "run", reference_run(session, 2, state_dir, input));
+    let call = harness.expect_call("model");
+    (harness, call)
+}
+
+/// Closes the harness's input; it must write nothing more and exit 0.
+fn exits_cleanly(mut harness: Proc) {
+    harness.close_stdin();
+    assert!(harness.out.until_eof().is_empty());
+    assert!(harness.wait().success());
+}
+
 fn text_message(role: &str, text: &str) -> Value {
     json!({"role": role, "content": [{"type": "text", "text": text}]})
 }
@@ -525,9 +543,7 @@ fn reference_harness_runs_a_tool_calling_loop_and_keeps_native_state() {
         .collect();
     assert_eq!(names, ["reference-state.json"], "no temporary file is left");
 
-    harness.close_stdin();
-    assert!(harness.out.until_eof().is_empty());
-    assert!(harness.wait().success());
+    exits_cleanly(harness);
 }
 
 /// One text turn of the reference harness: `run`, the model's `reply`, `transcript.set`, the answer.
@@ -603,24 +619,13 @@ fn reference_harness_reads_its_state_afresh_and_reopens_it_after_close() {
         "through a temporary file and a rename"
     );
 
-    harness.close_stdin();
-    assert!(harness.out.until_eof().is_empty());
-    assert!(harness.wait().success());
+    exits_cleanly(harness);
 }
 
 #[test]
 fn reference_harness_has_a_rounds_tool_calls_in_flight_at_once_and_keeps_their_order() {
     let root = TempDir(temp_path("reference-parallel"));
-    let mut harness = Proc::spawn(REFERENCE, &[]);
-    harness.initialize();
-    let params = reference_run(
-        "ses_p",
-        2,
-        &root.0,
-        json!({"input": {"content": [{"type": "text", "text": "go"}]}}),
-    );
-    harness.request(2, "run", params);
-    let call = harness.expect_call("model");
+    let (mut harness, call) = reference_going("ses_p", &root.0);
     let asks = json!([
         {"type": "tool_use", "id": "t1", "name": "a", "input": {"n": 1}},
         {"type": "tool_use", "id": "t2", "name": "b", "input": {"n": 2}},
@@ -680,24 +685,13 @@ fn reference_harness_has_a_rounds_tool_calls_in_flight_at_once_and_keeps_their_o
         "a failed run saves nothing"
     );
 
-    harness.close_stdin();
-    assert!(harness.out.until_eof().is_empty());
-    assert!(harness.wait().success());
+    exits_cleanly(harness);
 }
 
 #[test]
 fn reference_harness_keeps_at_most_64_tool_calls_in_flight() {
     let root = TempDir(temp_path("reference-in-flight"));
-    let mut harness = Proc::spawn(REFERENCE, &[]);
-    harness.initialize();
-    let params = reference_run(
-        "ses_w",
-        2,
-        &root.0,
-        json!({"input": {"content": [{"type": "text", "text": "go"}]}}),
-    );
-    harness.request(2, "run", params);
-    let call = harness.expect_call("model");
+    let (mut harness, call) = reference_going("ses_w", &root.0);
     let asks: Vec<Value> = (0..65)
         .map(|n| json!({"type": "tool_use", "id": format!("t{n}"), "name": "a", "input": {"n": n}}))
         .collect();
@@ -731,9 +725,7 @@ fn reference_harness_keeps_at_most_64_tool_calls_in_flight() {
     harness.answer(&call, json!({"sequence": 14}));
     assert!(harness.out.response(json!(2)).get("result").is_some());
 
-    harness.close_stdin();
-    assert!(harness.out.until_eof().is_empty());
-    assert!(harness.wait().success());
+    exits_cleanly(harness);
 }
 
 #[test]
@@ -785,16 +777,7 @@ fn reference_harness_cancel_during_the_loop_answers_cancelled() {
 #[test]
 fn reference_harness_feeds_tool_errors_back_and_fails_on_model_errors() {
     let root = TempDir(temp_path("reference-errors"));
-    let mut harness = Proc::spawn(REFERENCE, &[]);
-    harness.initialize();
-    let params = reference_run(
-        "ses_e",
-        2,
-        &root.0,
-        json!({"input": {"content": [{"type": "text", "text": "go"}]}}),
-    );
-    harness.request(2, "run", params);
-    let call = harness.expect_call("model");
+    let (mut harness, call) = reference_going("ses_e", &root.0);
     let asks = json!([{"type": "tool_use", "id": "t9", "name": "nope", "input": {"a": 1}}]);
     harness.answer(&call, model_answer(10, asks, "tool_use"));
 
@@ -885,9 +868,7 @@ fn reference_harness_refuses_malformed_params_and_answers_the_other_methods() {
     harness.request(8, "shutdown", json!({}));
     assert_eq!(harness.out.response(json!(8))["result"], json!({}));
 
-    harness.close_stdin();
-    assert!(harness.out.until_eof().is_empty());
-    assert!(harness.wait().success());
+    exits_cleanly(harness);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1363,9 +1344,7 @@ fn fault_harness_default_is_a_correct_echo_harness() {
         harness.request(id, method, params);
         assert_eq!(harness.out.response(json!(id))["result"], json!({}));
     }
-    harness.close_stdin();
-    assert!(harness.out.until_eof().is_empty());
-    assert!(harness.wait().success());
+    exits_cleanly(harness);
 }
 
 #[test]
@@ -1437,9 +1416,7 @@ fn fault_harness_refuses_unknown_arguments() {
 fn fault_harness_never_init_answers_nothing_and_exits_at_eof() {
     let mut harness = Proc::spawn(FAULT, &["--never-init"]);
     harness.request(1, "initialize", initialize_params());
-    harness.close_stdin();
-    assert!(harness.out.until_eof().is_empty());
-    assert!(harness.wait().success());
+    exits_cleanly(harness);
 }
 
 #[test]
