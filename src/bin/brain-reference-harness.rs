@@ -12,10 +12,11 @@
 //! 3. loops: calls `model` with `{messages: <transcript>, tools: <the session's tools as
 //!    definitions>}` (no `system`: Brain applies the session's) and appends the assistant message.
 //!    When that message holds `tool_use` blocks and the stop reason is `tool_use`, it calls `tool`
-//!    for each, all at once (sent in order, at most 64 in flight), and appends one user message with
-//!    their `tool_result` blocks in the blocks' order; a tool call that fails without
-//!    being fatal (say an undeclared tool) becomes an error result the model reads. Otherwise the loop ends. At most 32 model calls (rounds): a 32nd answer that
-//!    still asks for tools fails the run `harness_error` ("too many rounds");
+//!    for each, all at once (sent in order, at most 64 in flight), and appends one user message
+//!    with their `tool_result` blocks in the blocks' order; a tool call that fails without being
+//!    fatal (say an undeclared tool) becomes an error result the model reads. Otherwise the loop
+//!    ends. At most 32 model calls (rounds): a 32nd answer that still asks for tools fails the run
+//!    `harness_error` ("too many rounds");
 //! 4. saves the whole transcript with `transcript.set`, then writes the native state file
 //!    (`{"turns": <completed runs>, "last_sequence": <this run's sequence>}`, padded with spaces
 //!    to 256 bytes and overwritten in place with one sector write and `fdatasync`; the first one
@@ -247,35 +248,29 @@ fn tool_round(
 ) -> Result<Vec<Block>, HandlerError> {
     let mut results = Vec::with_capacity(uses.len());
     for group in uses.chunks(MAX_TOOLS_IN_FLIGHT) {
-        let mut calls = Vec::with_capacity(group.len());
+        // The calls sent, in block order, and why sending stopped early (after all of them).
+        let mut sent = Vec::with_capacity(group.len());
+        let mut stopped = None;
         for &(_, name, input) in group {
             if let Err(cancelled) = checkpoint(activation) {
-                calls.push(Err(cancelled));
+                stopped = Some(cancelled);
                 break;
             }
             let call = ToolCallWire { name, input };
             match activation.start_call_typed::<_, ToolCallResult>("tool", &call) {
-                Ok(pending) => calls.push(Ok(Ok(pending))),
                 Err(error) if error.fatal => {
-                    calls.push(Err(error.into()));
+                    stopped = Some(error.into());
                     break;
                 }
-                Err(error) => calls.push(Ok(Err(error))),
+                started => sent.push(started),
             }
         }
         let mut ended = None;
-        for (&(tool_use_id, name, _), call) in group.iter().zip(calls) {
-            let answer = match call {
-                Ok(sent) => sent.and_then(PendingCall::wait),
-                Err(error) => {
-                    ended.get_or_insert(error);
-                    continue;
-                }
-            };
-            let (content, is_error) = match answer {
+        for (&(tool_use_id, name, _), call) in group.iter().zip(sent) {
+            let (content, is_error) = match call.and_then(PendingCall::wait) {
                 Ok(answer) => (answer.result.content, answer.result.is_error),
                 Err(error) if error.fatal => {
-                    ended.get_or_insert(error.into());
+                    ended.get_or_insert(HandlerError::from(error));
                     continue;
                 }
                 Err(CallError { code, message, .. }) => {
@@ -290,7 +285,7 @@ fn tool_round(
                 is_error,
             });
         }
-        if let Some(error) = ended {
+        if let Some(error) = ended.or(stopped) {
             return Err(error);
         }
     }
