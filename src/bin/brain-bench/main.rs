@@ -5,8 +5,9 @@
 //! issue's targets phrase them. Timed arms run in rounds (every arm once per round, each Brain arm
 //! with a target right after a trial of the baseline it is compared with: see [`rounds`]) and
 //! report medians over the rounds; each ratio is the median of the per-round ratios, so a slow
-//! moment of the machine hits an arm and its baseline alike. Every trial also records the CPUs the bench used and the share of the machine
-//! other processes took meanwhile, which tells a noisy trial from a slow one.
+//! moment of the machine hits an arm and its baseline alike. Every trial also records the CPUs the
+//! bench used and the share of the machine other processes took meanwhile, which tells a noisy
+//! trial from a slow one.
 //!
 //! Plain `std` timing; no async runtime. Build with `cargo build --release --bins` (the reference
 //! harness must sit beside this binary) or run `scripts/bench`.
@@ -562,8 +563,8 @@ fn run(options: &Options) -> Result<bool, String> {
             "title": arm.title,
             "unit": arm.unit,
             "trials": trials[index].iter().map(|t| t.as_ref().map(Trial::to_json)).collect::<Vec<_>>(),
-            "paired_baseline": rounds::paired_baseline(&arms, index).map(|id| json!({
-                "id": id,
+            "paired_baseline": rounds::paired_baseline(&arms, index).map(|base| json!({
+                "id": arms[base].id,
                 "trials": rounds.paired[index].iter().map(|t| t.as_ref().map(Trial::to_json)).collect::<Vec<_>>(),
             })),
             "median": medians.to_json(),

@@ -27,7 +27,7 @@ impl Rounds {
     /// The trial that arm `index`'s ratio in round `r` takes for baseline `id`: its paired trial
     /// when it has one, else that round's trial of the baseline arm.
     pub(crate) fn baseline(&self, arms: &[Arm], index: usize, id: &str, r: usize) -> Option<Trial> {
-        if paired_baseline(arms, index) == Some(id) {
+        if paired_baseline(arms, index).is_some_and(|base| arms[base].id == id) {
             return self.paired[index].get(r)?.clone();
         }
         let base = arms.iter().position(|arm| arm.id == id)?;
@@ -35,16 +35,16 @@ impl Rounds {
     }
 }
 
-/// The baseline arm `index`'s target is stated against, when that baseline is in `arms` but is
-/// not the arm just before it. Ratios without a target (printed as context) take the round's
-/// trial of their baseline.
-pub(crate) fn paired_baseline(arms: &[Arm], index: usize) -> Option<&'static str> {
+/// The index in `arms` of the baseline arm `index`'s target is stated against, when that baseline
+/// is in `arms` but is not the arm just before it. Ratios without a target (printed as context)
+/// take the round's trial of their baseline.
+pub(crate) fn paired_baseline(arms: &[Arm], index: usize) -> Option<usize> {
     let base = match arms[index].ratio {
         Ratio::RateOver(base, Some(_)) | Ratio::P50Over(base, Some(_)) => base,
         _ => return None,
     };
     let position = arms.iter().position(|arm| arm.id == base)?;
-    (index == 0 || position != index - 1).then_some(base)
+    (index == 0 || position != index - 1).then_some(position)
 }
 
 /// Runs `plan.rounds` rounds of `arms`, in order, each paired baseline right before its arm.
@@ -57,14 +57,11 @@ pub(crate) fn run(arms: &[Arm], setup: &Setup, plan: &Plan) -> Rounds {
     for r in 0..plan.rounds {
         let round = format!("round {}/{}", r + 1, plan.rounds);
         for (index, arm) in arms.iter().enumerate() {
-            if let Some(base_id) = paired_baseline(arms, index) {
-                let base = arms.iter().find(|arm| arm.id == base_id);
-                if let Some(base) = base {
-                    let name = format!("{}-for-{}-r{r}", base.id, arm.id);
-                    let label = format!("{} (for {})", base.id, arm.id);
-                    let trial = timed(base, setup, plan, &name, &round, &label);
-                    rounds.paired[index].push(record(&mut rounds.failures, &label, trial));
-                }
+            if let Some(base) = paired_baseline(arms, index).map(|base| &arms[base]) {
+                let name = format!("{}-for-{}-r{r}", base.id, arm.id);
+                let label = format!("{} (for {})", base.id, arm.id);
+                let trial = timed(base, setup, plan, &name, &round, &label);
+                rounds.paired[index].push(record(&mut rounds.failures, &label, trial));
             }
             let trial = timed(
                 arm,
@@ -146,7 +143,10 @@ mod tests {
             .filter(|arm| ids.contains(&arm.id))
             .collect();
         (0..arms.len())
-            .map(|index| (arms[index].id, paired_baseline(&arms, index)))
+            .map(|index| {
+                let base = paired_baseline(&arms, index).map(|base| arms[base].id);
+                (arms[index].id, base)
+            })
             .collect()
     }
 
