@@ -19,8 +19,8 @@
 //!    `harness_error` ("too many rounds");
 //! 4. saves the whole transcript with `transcript.set`, then writes the native state file
 //!    (`{"turns": <completed runs>, "last_sequence": <this run's sequence>}`, padded with spaces
-//!    to 256 bytes and overwritten in place with one sector write and `fdatasync`; the first one
-//!    goes through a temporary file, fsync and rename), and answers
+//!    to 256 bytes and overwritten in place with `fdatasync`; the first one creates the file and
+//!    fsyncs it and its directory), and answers
 //!    `{"result": {"text": <the final assistant text>, "rounds": <model calls>}}`.
 //!
 //! The cancel token is checked before every callback: a cancelled run answers `cancelled` and
@@ -43,9 +43,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Mutex;
 
@@ -55,8 +55,8 @@ const MAX_ROUNDS: u64 = 32;
 /// The native state file's name inside the session's `state_dir`.
 const STATE_FILE: &str = "reference-state.json";
 
-/// The state file's fixed size: well inside one 512-byte disk sector, so that overwriting it is
-/// one atomic sector write.
+/// The state file's fixed size: a new state overwrites the old one without changing the file's
+/// size or its blocks, so that its `fdatasync` writes the data alone.
 const STATE_FILE_SIZE: usize = 256;
 
 /// The reference harness. Holds no state in memory between runs: the transcript comes from Brain
@@ -328,12 +328,15 @@ impl NativeState {
     ///
     /// The file always holds [`STATE_FILE_SIZE`] bytes: the JSON padded with spaces (trailing
     /// whitespace is valid JSON). Once it exists, a new state overwrites it in place with one
-    /// write inside the first disk sector and one `fdatasync`: a single-sector write is atomic on
-    /// the devices Brain supports (PostgreSQL's `pg_control` relies on the same), so a crash
-    /// leaves the old state or the new one, never a mix. That costs one data flush per turn,
-    /// where a temporary file and a rename cost a file sync, a directory sync and a new inode.
-    /// The first write, or a file of another size, goes through a temporary file that is synced
-    /// and renamed over the old one, and the directory is synced so the rename survives a crash.
+    /// write and one `fdatasync`. The first write, or a file of another size, writes the file
+    /// where it is (creating it) and syncs it and its directory, so that its name survives a
+    /// crash too.
+    ///
+    /// No write needs a temporary file and a rename: a crash or an error halfway through a write
+    /// ends the run unanswered, and only a completed activation clears the session's marker
+    /// (PROTOCOL.md, *The marker*), so the session never runs again and no later run reads a
+    /// half-written file. A session created `from` it has a state directory of its own. (A
+    /// temporary file and a rename would cost a second directory write on every new session.)
     fn store(&self, path: &Path, file: Option<StateFile>) -> io::Result<StateFile> {
         let mut bytes = serde_json::to_vec(self).map_err(io::Error::other)?;
         if bytes.len() >= STATE_FILE_SIZE {
@@ -345,40 +348,43 @@ impl NativeState {
         }
         bytes.resize(STATE_FILE_SIZE - 1, b' ');
         bytes.push(b'\n');
-        if let Some(file) = file.filter(|file| file.in_place) {
-            file.file.write_all_at(&bytes, 0)?;
-            file.file.sync_data()?;
-            return Ok(file);
-        }
-        let directory = path.parent().unwrap_or(Path::new("."));
-        let mut temporary = path.as_os_str().to_owned();
-        temporary.push(".tmp");
-        let temporary = PathBuf::from(temporary);
-        let create = || {
-            std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .open(&temporary)
-        };
-        // Brain creates the state directory with the session; make it only when it is missing.
-        let mut file = match create() {
-            Err(error) if error.kind() == io::ErrorKind::NotFound => {
-                std::fs::create_dir_all(directory)?;
-                create()?
+        let file = match file {
+            Some(file) if file.in_place => {
+                file.file.write_all_at(&bytes, 0)?;
+                file.file.sync_data()?;
+                return Ok(file);
             }
-            created => created?,
+            Some(other_size) => other_size.file,
+            None => create(path)?,
         };
-        file.write_all(&bytes)?;
+        file.write_all_at(&bytes, 0)?;
+        file.set_len(STATE_FILE_SIZE as u64)?;
         file.sync_all()?;
-        std::fs::rename(&temporary, path)?;
-        File::open(directory)?.sync_all()?;
-        // The descriptor follows the inode: it is now the state file itself.
+        File::open(path.parent().unwrap_or(Path::new(".")))?.sync_all()?;
         Ok(StateFile {
             file,
             in_place: true,
         })
+    }
+}
+
+/// Creates the state file at `path` (or opens the one there), for reading and writing. Brain
+/// creates the state directory with the session, so the directory is made only when it is missing.
+fn create(path: &Path) -> io::Result<File> {
+    let open = || {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+    };
+    match open() {
+        Err(error) if error.kind() == io::ErrorKind::NotFound => {
+            std::fs::create_dir_all(path.parent().unwrap_or(Path::new(".")))?;
+            open()
+        }
+        opened => opened,
     }
 }
 
