@@ -366,11 +366,19 @@ fn quarantine_ends_queued_activations_agentloop_unavailable() {
     let mut options = options("quarantine-queue");
     options.restart_budget = 0;
     let brain = start(vec![fault("z", &[]).max_concurrency(1)], options);
-    let crasher = create(&brain, "z", json!({"fault": "crash"}));
+    let holder = create(&brain, "z", json!({"fault": "hang"}));
     let patient = create(&brain, "z", json!({}));
-    let crashed = crasher.send(text("boom")).unwrap();
+    let held = holder.send(text("hold")).unwrap();
+    // The holder has the worker's one place from its marker on, so the patient waits behind it.
+    wait_for_record(&holder, "activation_started");
     let waiting = patient.send(text("later")).unwrap();
-    assert_eq!(error_code(&wait(&crashed)), "worker_lost");
+    let pid = brain.status().worker("z", 0).unwrap().pid.unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    assert_eq!(error_code(&wait(&held)), "worker_lost");
     let outcome = wait(&waiting);
     assert_eq!(outcome.outcome, OutcomeKind::Failed);
     assert_eq!(error_code(&outcome), "agentloop_unavailable");
