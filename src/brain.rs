@@ -414,7 +414,7 @@ impl Brain {
         let dispatcher = Dispatcher {
             pool,
             sessions: Default::default(),
-            dormant: dormant.into_iter().collect(),
+            dormant: crate::dormant::DormantSessions::found_at_start(dormant),
             create_keys,
             data_dir: options.data_dir.clone(),
             trim_due: false,
@@ -583,13 +583,8 @@ impl Brain {
                 format!("generating a session id: {error}"),
             )
         })?;
-        let state_dir = self
-            .options
-            .data_dir
-            .join("agentloops")
-            .join(&request.agentloop.name)
-            .join(id.as_str());
-        let workspace_dir = self.options.data_dir.join("workspaces").join(id.as_str());
+        let [state_dir, workspace_dir] =
+            crate::datadir::session_dirs(&self.options.data_dir, &request.agentloop.name, &id);
         let info: SessionInfo = api::request(&self.commands, |reply| Command::Create {
             id,
             request: Box::new(request),

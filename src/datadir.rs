@@ -373,6 +373,15 @@ fn read_dirs(dir: &Path) -> Vec<PathBuf> {
     }
 }
 
+/// A session's two directories under the data directory `root`: its native state
+/// (`agentloops/<registration>/<id>/`) and its workspaces (`workspaces/<id>/`).
+pub(crate) fn session_dirs(root: &Path, registration: &str, id: &SessionId) -> [PathBuf; 2] {
+    [
+        root.join("agentloops").join(registration).join(id.as_str()),
+        root.join("workspaces").join(id.as_str()),
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -142,9 +142,9 @@ pub(crate) struct Dispatcher {
     /// Encoded `run` lines waiting for their `activation_started` record to become durable.
     pub(crate) pending_runs: SessionIdMap<(SessionId, u64), Vec<u8>>,
     pub(crate) metrics: Arc<crate::metrics::Metrics>,
-    /// Sessions found in the journal at start and not used since: their registration index and
-    /// slot (for placement). A session is recovered and loaded on its first use.
-    pub(crate) dormant: SessionIdMap<SessionId, (usize, u32)>,
+    /// Sessions found in the journal at start and not used since, or passivated or closed since:
+    /// their placement. A session is recovered and loaded on its next use.
+    pub(crate) dormant: crate::dormant::DormantSessions,
     /// Where native state lives, for sessions loaded on first use.
     pub(crate) data_dir: std::path::PathBuf,
     /// A [`Deadline::TrimHeap`] is set: sessions were made dormant or deleted since the last
@@ -333,9 +333,13 @@ impl Dispatcher {
             | Command::Cancel { session, .. }
             | Command::Passivate { session, .. }
             | Command::Close { session, .. }
-            | Command::Delete { session, .. }
             | Command::ClientEvent { session, .. }
             | Command::Info { session, .. } => self.ensure_loaded(&session.clone()),
+            Command::Delete { session, .. } => {
+                if self.closed_and_dormant(session).is_none() {
+                    self.ensure_loaded(&session.clone());
+                }
+            }
             Command::List { .. } | Command::Shutdown { .. } | Command::Create { .. } => {}
         }
         match command {

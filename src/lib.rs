@@ -18,6 +18,7 @@ mod capacity;
 pub mod config;
 pub mod datadir;
 mod dispatch;
+mod dormant;
 pub mod effects;
 #[doc(hidden)]
 pub mod fuzzing;

@@ -274,9 +274,10 @@ pub(crate) fn state_from(
         .iter()
         .map(|e| (e.name.clone(), 1))
         .collect();
+    let [state_dir, workspace_dir] = crate::datadir::session_dirs(data_dir, &name, id);
     let spec = SessionSpec {
-        state_dir: data_dir.join("agentloops").join(&name).join(id.as_str()),
-        workspace_dir: data_dir.join("workspaces").join(id.as_str()),
+        state_dir,
+        workspace_dir,
         registration: name,
         request,
         model,

@@ -16,6 +16,7 @@ use crate::api::{
 };
 use crate::cancel::CancelToken;
 use crate::dispatch::{Dispatcher, Internal};
+use crate::dormant::Dormant;
 use crate::journal::{JournalError, NewRecord};
 use crate::pool::{Deadline, SessionRequest};
 use crate::protocol::harness::{
@@ -335,7 +336,7 @@ impl Dispatcher {
             .iter()
             .map(|(id, state)| state.info(id))
             .collect();
-        for id in self.dormant.keys() {
+        for id in self.dormant.ids() {
             match self.dormant_info(id) {
                 Ok(info) => all.push(info),
                 Err(why) => log::error!("session {id}: cannot be listed: {why}"),
@@ -610,7 +611,10 @@ impl Dispatcher {
         Ok((id, last))
     }
 
-    /// The healthy slot with the fewest open sessions; ties: fewest running, then lowest index.
+    /// The healthy slot with the fewest sessions that count for placement (open or passivated,
+    /// see [`SessionState::counts_for_placement`] and [`crate::dormant::Dormant::counts`]); ties:
+    /// fewest running, then lowest index. Walks the loaded sessions only: a passivated or closed
+    /// session leaves them, and the dormant ones are counted as they come and go.
     fn place(&self, registration: usize) -> Option<u32> {
         let slots = self.queues[registration].len() as u32;
         let mut open = vec![0usize; slots as usize];
@@ -630,15 +634,12 @@ impl Dispatcher {
                 running[session.slot as usize] += 1;
             }
         }
-        // Sessions not loaded since the start count as open: their status is not read yet.
-        for &(r, slot) in self.dormant.values() {
-            if r == registration && (slot as usize) < open.len() {
-                open[slot as usize] += 1;
-            }
-        }
         (0..slots)
             .filter(|&slot| self.pool.healthy_key(registration, slot).is_some())
-            .min_by_key(|&slot| (open[slot as usize], running[slot as usize], slot))
+            .min_by_key(|&slot| {
+                let open = open[slot as usize] + self.dormant.load(registration, slot);
+                (open, running[slot as usize], slot)
+            })
     }
 
     // ----- admission -----
@@ -839,10 +840,12 @@ impl Dispatcher {
                 let answer = result
                     .map_err(journal_error)
                     .and_then(|()| self.info(&session));
-                let passivated =
-                    matches!(&answer, Ok(info) if info.status == SessionStatus::Passivated);
+                let ended = matches!(
+                    &answer,
+                    Ok(info) if matches!(info.status, SessionStatus::Passivated | SessionStatus::Closed)
+                );
                 reply.deliver(answer);
-                if passivated {
+                if ended {
                     self.make_dormant(&session);
                 }
             }
@@ -1731,21 +1734,31 @@ impl Dispatcher {
         }
     }
 
-    /// Forgets a passivated session's in-memory state, keeping only its placement, as a restart
-    /// would, and has the journal drop its cached projections and records: it is recovered from
-    /// the journal when a command next names it. A passivated session's memory is then what a
-    /// recovered one costs, not an open one's.
+    /// Forgets a passivated or closed session's in-memory state, keeping only its placement, as a
+    /// restart would, and has the journal drop its cached projections and records: it is
+    /// recovered from the journal when a command next names it. Such a session's memory is then
+    /// what a recovered one costs, not an open one's, and a Brain whose users close their
+    /// sessions without deleting them does not grow with them.
     fn make_dormant(&mut self, id: &SessionId) {
-        let idle = self.sessions.get(id).is_some_and(|state| {
-            state.active.is_none() && state.status() == SessionStatus::Passivated
-        });
-        if !idle {
-            return; // reopened meanwhile: a send arrived before the record was durable
-        }
+        let status = self
+            .sessions
+            .get(id)
+            .filter(|state| state.active.is_none())
+            .map(SessionState::status);
+        let closed = match status {
+            Some(SessionStatus::Passivated) => false,
+            Some(SessionStatus::Closed) => true,
+            // Reopened meanwhile (a send arrived before the record was durable), or gone.
+            _ => return,
+        };
         if let Some(state) = self.sessions.remove(id) {
             self.journal.release(id);
-            self.dormant
-                .insert(id.clone(), (state.registration, state.slot));
+            let dormant = Dormant {
+                registration: state.registration,
+                slot: state.slot,
+                closed,
+            };
+            self.dormant.insert(id.clone(), dormant);
             self.let_go_of_memory();
         }
     }
@@ -1797,7 +1810,29 @@ impl Dispatcher {
         }
     }
 
+    /// A dormant session that was closed and whose registration is still known: deleting it
+    /// needs none of its state, so it is not loaded first.
+    pub(crate) fn closed_and_dormant(&self, id: &SessionId) -> Option<String> {
+        let dormant = self.dormant.get(id).filter(|dormant| dormant.closed)?;
+        let registration = self.registrations.get(dormant.registration)?;
+        Some(registration.name.clone())
+    }
+
     pub(crate) fn delete(&mut self, id: &SessionId) -> Result<[PathBuf; 2], ApiError> {
+        if let Some(registration) = self.closed_and_dormant(id) {
+            let create_key = self.create_key_of(id);
+            self.journal.delete(id).map_err(journal_error)?;
+            if let Some(key) = create_key {
+                self.create_keys.forget(&key, id);
+            }
+            self.dormant.remove(id);
+            log::info!("session {id}: deleted");
+            return Ok(crate::datadir::session_dirs(
+                &self.data_dir,
+                &registration,
+                id,
+            ));
+        }
         let session = self.session(id)?;
         if session.active.is_some() {
             return Err(api(

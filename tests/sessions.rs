@@ -979,6 +979,87 @@ fn loaded_sessions(brain: &Brain) -> u64 {
         .unwrap_or_else(|| panic!("no brain_journal_loaded_sessions gauge in:\n{text}"))
 }
 
+/// Blocks until the journal holds `count` sessions' projections (bounded by WAIT).
+fn wait_for_loaded(brain: &Brain, count: u64) {
+    let deadline = std::time::Instant::now() + WAIT;
+    while loaded_sessions(brain) != count {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} sessions still loaded, not {count}",
+            loaded_sessions(brain)
+        );
+        std::thread::yield_now();
+    }
+}
+
+#[test]
+fn a_closed_session_leaves_memory_and_stops_counting_for_placement() {
+    let brain = start(
+        vec![fault("shut", &[]).workers(2)],
+        options("closed-dormant"),
+    );
+    let sessions: Vec<Session> = (0..4).map(|_| create(&brain, "shut", json!({}))).collect();
+    let placed: Vec<u32> = sessions.iter().map(|s| s.info().unwrap().worker).collect();
+    assert_eq!(placed, [0, 1, 0, 1]);
+    wait(&sessions[1].send(text("a")).unwrap());
+    for closed in [&sessions[1], &sessions[3]] {
+        assert_eq!(closed.close().unwrap().status, SessionStatus::Closed);
+    }
+    assert_eq!(
+        sessions[2].passivate().unwrap().status,
+        SessionStatus::Passivated
+    );
+    // Closed and passivated sessions are let go of once their record is durable.
+    wait_for_loaded(&brain, 1);
+
+    // Worker 0 holds an open and a passivated session, worker 1 two closed ones: the next two
+    // sessions go to worker 1, which then has one that counts, then two.
+    let newer: Vec<u32> = (0..2)
+        .map(|_| create(&brain, "shut", json!({})).info().unwrap().worker)
+        .collect();
+    assert_eq!(newer, [1, 1]);
+
+    // Described from the journal, and loaded again when named: closed, with its history.
+    let listed = brain.sessions().unwrap();
+    let described = |session: &Session| {
+        listed
+            .iter()
+            .find(|info| &info.session_id == session.id())
+            .cloned()
+            .expect("listed")
+    };
+    assert_eq!(described(&sessions[1]).status, SessionStatus::Closed);
+
+    // Deleted without being loaded again: its directory goes, its id is unknown from then on.
+    let state_dir = described(&sessions[3]).state_dir;
+    assert!(state_dir.is_dir(), "{}", state_dir.display());
+    sessions[3].delete().unwrap();
+    assert_eq!(
+        loaded_sessions(&brain),
+        3,
+        "the two new sessions and the open one"
+    );
+    assert!(!state_dir.exists(), "{} is removed", state_dir.display());
+    let unknown = sessions[3].info().unwrap_err();
+    assert_eq!(unknown.code.as_str(), "unknown_session");
+    let ids: Vec<_> = brain
+        .sessions()
+        .unwrap()
+        .into_iter()
+        .map(|info| info.session_id)
+        .collect();
+    assert!(!ids.contains(sessions[3].id()), "{ids:?}");
+    let refused = sessions[1].send(text("again")).unwrap_err();
+    assert_eq!(refused.code.as_str(), "session_closed");
+    assert_eq!(sessions[1].info().unwrap().status, SessionStatus::Closed);
+    let history = kinds(&sessions[1]);
+    assert!(
+        history.contains(&"activation_finished".to_owned()),
+        "{history:?}"
+    );
+    assert_eq!(history.last().map(String::as_str), Some("session_closed"));
+}
+
 #[test]
 fn listing_describes_passivated_sessions_without_loading_them_again() {
     let brain = start(vec![fault("list", &[])], options("list-dormant"));
@@ -992,15 +1073,7 @@ fn listing_describes_passivated_sessions_without_loading_them_again() {
         session.passivate().unwrap();
     }
     // A passivated session's projections are let go of once its record is durable.
-    let deadline = std::time::Instant::now() + WAIT;
-    while loaded_sessions(&brain) != 1 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{} sessions still loaded",
-            loaded_sessions(&brain)
-        );
-        std::thread::yield_now();
-    }
+    wait_for_loaded(&brain, 1);
 
     let listed = brain.sessions().unwrap();
     assert_eq!(listed.len(), 5);
