@@ -979,6 +979,16 @@ fn loaded_sessions(brain: &Brain) -> u64 {
         .unwrap_or_else(|| panic!("no brain_journal_loaded_sessions gauge in:\n{text}"))
 }
 
+/// The ids of every session `brain` lists.
+fn listed_ids(brain: &Brain) -> Vec<brain::session::SessionId> {
+    brain
+        .sessions()
+        .unwrap()
+        .into_iter()
+        .map(|info| info.session_id)
+        .collect()
+}
+
 /// Blocks until the journal holds `count` sessions' projections (bounded by WAIT).
 fn wait_for_loaded(brain: &Brain, count: u64) {
     let deadline = std::time::Instant::now() + WAIT;
@@ -1037,17 +1047,12 @@ fn a_closed_session_leaves_memory_and_stops_counting_for_placement() {
     assert_eq!(
         loaded_sessions(&brain),
         3,
-        "the two new sessions and the open one"
+        "the open session and the two new ones"
     );
     assert!(!state_dir.exists(), "{} is removed", state_dir.display());
     let unknown = sessions[3].info().unwrap_err();
     assert_eq!(unknown.code.as_str(), "unknown_session");
-    let ids: Vec<_> = brain
-        .sessions()
-        .unwrap()
-        .into_iter()
-        .map(|info| info.session_id)
-        .collect();
+    let ids = listed_ids(&brain);
     assert!(!ids.contains(sessions[3].id()), "{ids:?}");
     let refused = sessions[1].send(text("again")).unwrap_err();
     assert_eq!(refused.code.as_str(), "session_closed");
@@ -1149,11 +1154,5 @@ fn a_restart_removes_the_state_a_stopped_deletion_left_and_nothing_else() {
         "kept"
     );
     assert!(notes.is_dir());
-    let listed: Vec<_> = brain
-        .sessions()
-        .unwrap()
-        .into_iter()
-        .map(|info| info.session_id)
-        .collect();
-    assert_eq!(listed, [kept.id().clone()]);
+    assert_eq!(listed_ids(&brain), [kept.id().clone()]);
 }

@@ -4,7 +4,7 @@
 use crate::arms::{self, Harness, Setup};
 use brain::effects::Effects;
 use brain::session::SessionId;
-use brain::{Brain, Storage};
+use brain::{ApiError, Brain, Session, SessionInfo, Storage};
 use parking_lot::Mutex;
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader};
@@ -182,17 +182,30 @@ fn open_sessions(
     }
 }
 
-/// Passivates every session of `ids` from `threads` threads.
-fn passivate(brain: &Brain, ids: &[SessionId], threads: usize) -> Result<(), String> {
+/// A session's lifecycle call: [`Session::passivate`] or [`Session::close`].
+type LifecycleCall = fn(&Session) -> Result<SessionInfo, ApiError>;
+
+/// Makes the lifecycle call `what` (`call`) on every session of `ids` from `threads` threads.
+fn every(
+    brain: &Brain,
+    ids: &[SessionId],
+    threads: usize,
+    (what, call): (&str, LifecycleCall),
+) -> Result<(), String> {
+    let each = |id: &SessionId| {
+        call(&brain.session(id))
+            .map(drop)
+            .map_err(|error| format!("{what}: {error}"))
+    };
     let failure = Mutex::new(None);
     let chunk = ids.len().div_ceil(threads.max(1)).max(1);
     std::thread::scope(|scope| {
         for part in ids.chunks(chunk) {
-            let failure = &failure;
+            let (failure, each) = (&failure, &each);
             scope.spawn(move || {
                 for id in part {
-                    if let Err(error) = brain.session(id).passivate() {
-                        failure.lock().get_or_insert(format!("passivate: {error}"));
+                    if let Err(error) = each(id) {
+                        failure.lock().get_or_insert(error);
                         return;
                     }
                 }
@@ -204,6 +217,9 @@ fn passivate(brain: &Brain, ids: &[SessionId], threads: usize) -> Result<(), Str
         None => Ok(()),
     }
 }
+
+const PASSIVATE: (&str, LifecycleCall) = ("passivate", Session::passivate);
+const CLOSE: (&str, LifecycleCall) = ("close", Session::close);
 
 /// Memory needs settling: freed pages are not returned at once, and threads that just ended are
 /// still being torn down.
@@ -227,8 +243,9 @@ fn probe_brain(setup: &Setup, dir: &Path) -> Result<Brain, String> {
 /// `__memory DIR COUNT [KIND]`: in a Brain with the durable journal in DIR (two bench workers),
 /// the private memory after a warm-up (M0), after COUNT sessions were created with requests of
 /// KIND (`minimal`, the default, or `realistic`) and ran one activation each (M1, idle and
-/// open), and after they were all passivated (M2). Leaves the sessions in DIR for the startup
-/// probe. Prints one JSON object.
+/// open), and after they were all passivated (M2); for `realistic`, also after they were all
+/// closed (M3: a closed session should cost what a passivated one does). Leaves the sessions in
+/// DIR (the minimal ones passivated) for the startup probe. Prints one JSON object.
 pub fn memory_main(args: &[String]) -> Result<(), String> {
     let usage = "usage: __memory DIR COUNT [minimal|realistic]";
     let dir = Path::new(args.first().ok_or(usage)?);
@@ -244,7 +261,7 @@ pub fn memory_main(args: &[String]) -> Result<(), String> {
     // and the journal's buffers exist before the baseline.
     // They are deleted afterwards, so the directory holds exactly COUNT sessions.
     let warm = open_sessions(&brain, 256.min(count), threads, kind)?;
-    passivate(&brain, &warm, threads)?;
+    every(&brain, &warm, threads, PASSIVATE)?;
     for id in &warm {
         let session = brain.session(id);
         session.close().map_err(|e| format!("close: {e}"))?;
@@ -261,11 +278,18 @@ pub fn memory_main(args: &[String]) -> Result<(), String> {
     let open = private_bytes();
     let heap_open = heap_in_use();
     let began = Instant::now();
-    passivate(&brain, &ids, threads)?;
+    every(&brain, &ids, threads, PASSIVATE)?;
     let passivate_seconds = began.elapsed().as_secs_f64();
     settle();
     let passivated = private_bytes();
     let heap_passivated = heap_in_use();
+    let closed = if kind == "realistic" {
+        every(&brain, &ids, threads, CLOSE)?;
+        settle();
+        Some((private_bytes(), heap_in_use()))
+    } else {
+        None
+    };
     brain.shutdown(Duration::from_secs(5));
     let per = |after: u64| (after as f64 - before as f64) / count as f64;
     let heap_per = |after: Option<u64>| Some((after? as f64 - heap_before? as f64) / count as f64);
@@ -283,6 +307,8 @@ pub fn memory_main(args: &[String]) -> Result<(), String> {
             "heap_before": heap_before,
             "heap_open_bytes_per_session": heap_per(heap_open),
             "heap_passivated_bytes_per_session": heap_per(heap_passivated),
+            "closed_bytes_per_session": closed.map(|(private, _)| per(private)),
+            "heap_closed_bytes_per_session": closed.and_then(|(_, heap)| heap_per(heap)),
             "open_seconds": open_seconds,
             "passivate_seconds": passivate_seconds,
             "bench_bytes_per_session": std::mem::size_of::<SessionId>() + 32,

@@ -78,13 +78,15 @@ pub(crate) fn print_probes(probes: &serde_json::Map<String, Value>) {
     }
     if let Some(memory) = probes.get("memory_realistic") {
         println!(
-            "memory-real ({} sessions created with a {} B realistic request): {:.0} B per open idle session, {:.0} B per passivated session; heap in use {:.0} B and {:.0} B",
+            "memory-real ({} sessions created with a {} B realistic request): {:.0} B per open idle session, {:.0} B per passivated session, {:.0} B per closed one; heap in use {:.0} B, {:.0} B and {:.0} B",
             memory["sessions"],
             memory["request_bytes"],
             number(&memory["open_idle_bytes_per_session"]),
             number(&memory["passivated_bytes_per_session"]),
+            number(&memory["closed_bytes_per_session"]),
             number(&memory["heap_open_bytes_per_session"]),
             number(&memory["heap_passivated_bytes_per_session"]),
+            number(&memory["heap_closed_bytes_per_session"]),
         );
     }
     if let Some(cycles) = probes.get("cycles") {
