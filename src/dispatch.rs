@@ -333,14 +333,17 @@ impl Dispatcher {
             | Command::Cancel { session, .. }
             | Command::Passivate { session, .. }
             | Command::Close { session, .. }
-            | Command::ClientEvent { session, .. }
-            | Command::Info { session, .. } => self.ensure_loaded(&session.clone()),
+            | Command::ClientEvent { session, .. } => self.ensure_loaded(&session.clone()),
             Command::Delete { session, .. } => {
                 if self.closed_and_dormant(session).is_none() {
                     self.ensure_loaded(&session.clone());
                 }
             }
-            Command::List { .. } | Command::Shutdown { .. } | Command::Create { .. } => {}
+            // Info describes a dormant session without loading it (`Dispatcher::info_of`).
+            Command::Info { .. }
+            | Command::List { .. }
+            | Command::Shutdown { .. }
+            | Command::Create { .. } => {}
         }
         match command {
             Command::Shutdown { .. } => {} // handled in the loop
@@ -378,7 +381,8 @@ impl Dispatcher {
                 reply,
             } => self.client_event(&session, event_type, data, reply),
             Command::Info { session, reply } => {
-                reply.deliver(self.info(&session));
+                let info = self.info_of(&session);
+                reply.deliver(info);
             }
             Command::List { reply } => reply.deliver(Ok(self.list())),
         }

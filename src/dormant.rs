@@ -10,21 +10,31 @@
 use crate::session::{SessionId, SessionIdMap};
 use std::collections::HashMap;
 
-/// Where a dormant session lives and whether it counts toward its slot's load.
+/// Where a dormant session lives, and how it became dormant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Dormant {
     /// The registration's index (or the index meaning none, for a registration a restart dropped).
     pub(crate) registration: usize,
     pub(crate) slot: u32,
-    /// Made dormant when it was closed: it does not count toward its slot's load, and it can be
-    /// deleted without being loaded. False for a passivated session and for one found at start
-    /// (its status is not read until it is used), which count.
-    pub(crate) closed: bool,
+    pub(crate) since: Since,
+}
+
+/// How a session became dormant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Since {
+    /// Found in the journal at start: its status is not read, and it may need recovering (an
+    /// activation a stopped Brain left running) before anything is said of it. It counts toward
+    /// its slot's load.
+    Start,
+    /// Passivated, idle: it counts toward its slot's load.
+    Passivated,
+    /// Closed, idle: it does not count, and it can be deleted without being loaded.
+    Closed,
 }
 
 impl Dormant {
     fn counts(self) -> bool {
-        !self.closed
+        self.since != Since::Closed
     }
 }
 
@@ -47,7 +57,7 @@ impl DormantSessions {
                 Dormant {
                     registration,
                     slot,
-                    closed: false,
+                    since: Since::Start,
                 },
             );
         }
@@ -110,11 +120,11 @@ mod tests {
         SessionId::generate().expect("a session id")
     }
 
-    fn at(registration: usize, slot: u32, closed: bool) -> Dormant {
+    fn at(registration: usize, slot: u32, since: Since) -> Dormant {
         Dormant {
             registration,
             slot,
-            closed,
+            since,
         }
     }
 
@@ -123,8 +133,8 @@ mod tests {
         let (a, b, c) = (id(), id(), id());
         let mut dormant = DormantSessions::found_at_start([(a.clone(), (0, 1))]);
         assert_eq!(dormant.load(0, 1), 1, "found at start: counts");
-        dormant.insert(b.clone(), at(0, 1, false));
-        dormant.insert(c.clone(), at(0, 1, true));
+        dormant.insert(b.clone(), at(0, 1, Since::Passivated));
+        dormant.insert(c.clone(), at(0, 1, Since::Closed));
         assert_eq!(
             (dormant.load(0, 1), dormant.ids().count()),
             (2, 3),
@@ -134,15 +144,15 @@ mod tests {
         assert_eq!(dormant.load(1, 1), 0, "another registration's slot 1");
 
         // Made dormant again with another placement or status: counted once, where it is now.
-        dormant.insert(b.clone(), at(0, 0, false));
+        dormant.insert(b.clone(), at(0, 0, Since::Passivated));
         assert_eq!((dormant.load(0, 1), dormant.load(0, 0)), (1, 1));
-        dormant.insert(b.clone(), at(0, 0, true));
+        dormant.insert(b.clone(), at(0, 0, Since::Closed));
         assert_eq!((dormant.load(0, 0), dormant.ids().count()), (0, 3));
 
-        assert_eq!(dormant.remove(&a), Some(at(0, 1, false)));
+        assert_eq!(dormant.remove(&a), Some(at(0, 1, Since::Start)));
         assert_eq!(dormant.remove(&a), None, "removed once");
         assert_eq!(dormant.load(0, 1), 0);
-        assert_eq!(dormant.remove(&c), Some(at(0, 1, true)));
+        assert_eq!(dormant.remove(&c), Some(at(0, 1, Since::Closed)));
         assert_eq!(
             dormant.load(0, 1),
             0,

@@ -16,7 +16,7 @@ use crate::api::{
 };
 use crate::cancel::CancelToken;
 use crate::dispatch::{Dispatcher, Internal};
-use crate::dormant::Dormant;
+use crate::dormant::{Dormant, Since};
 use crate::journal::{JournalError, NewRecord};
 use crate::pool::{Deadline, SessionRequest};
 use crate::protocol::harness::{
@@ -324,6 +324,27 @@ impl Dispatcher {
 
     pub(crate) fn info(&self, id: &SessionId) -> Result<SessionInfo, ApiError> {
         Ok(self.session(id)?.info(id))
+    }
+
+    /// A session's info, for a client asking for it. A session passivated or closed since the
+    /// start is described from the journal as [`list`](Self::list) describes it, without being
+    /// loaded: a client that polls its status does not bring back the memory it let go of. A
+    /// session found at start is loaded (recovered) first, as any command loads it, so that what
+    /// recovery appends is in its journal before anything is said of it; so is one the journal
+    /// cannot describe.
+    pub(crate) fn info_of(&mut self, id: &SessionId) -> Result<SessionInfo, ApiError> {
+        match self.dormant.get(id).map(|dormant| dormant.since) {
+            None => {}
+            Some(Since::Start) => self.ensure_loaded(id),
+            Some(Since::Passivated | Since::Closed) => match self.dormant_info(id) {
+                Ok(info) => return Ok(info),
+                Err(why) => {
+                    log::warn!("session {id}: cannot be described dormant: {why}");
+                    self.ensure_loaded(id);
+                }
+            },
+        }
+        self.info(id)
     }
 
     /// Every session, in id order. A dormant session is described from its journal projections,
@@ -1745,9 +1766,9 @@ impl Dispatcher {
             .get(id)
             .filter(|state| state.active.is_none())
             .map(SessionState::status);
-        let closed = match status {
-            Some(SessionStatus::Passivated) => false,
-            Some(SessionStatus::Closed) => true,
+        let since = match status {
+            Some(SessionStatus::Passivated) => Since::Passivated,
+            Some(SessionStatus::Closed) => Since::Closed,
             // Reopened meanwhile (a send arrived before the record was durable), or gone.
             _ => return,
         };
@@ -1756,7 +1777,7 @@ impl Dispatcher {
             let dormant = Dormant {
                 registration: state.registration,
                 slot: state.slot,
-                closed,
+                since,
             };
             self.dormant.insert(id.clone(), dormant);
             self.let_go_of_memory();
@@ -1813,7 +1834,10 @@ impl Dispatcher {
     /// A dormant session that was closed and whose registration is still known: deleting it
     /// needs none of its state, so it is not loaded first.
     pub(crate) fn closed_and_dormant(&self, id: &SessionId) -> Option<String> {
-        let dormant = self.dormant.get(id).filter(|dormant| dormant.closed)?;
+        let dormant = self
+            .dormant
+            .get(id)
+            .filter(|dormant| dormant.since == Since::Closed)?;
         let registration = self.registrations.get(dormant.registration)?;
         Some(registration.name.clone())
     }

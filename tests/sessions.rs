@@ -1019,8 +1019,16 @@ fn a_closed_session_leaves_memory_and_stops_counting_for_placement() {
         sessions[2].passivate().unwrap().status,
         SessionStatus::Passivated
     );
-    // Closed and passivated sessions are let go of once their record is durable.
+    // Closed and passivated sessions are let go of once their record is durable, and asking
+    // for their status does not load them again.
     wait_for_loaded(&brain, 1);
+    assert_eq!(
+        sessions[2].info().unwrap().status,
+        SessionStatus::Passivated
+    );
+    assert_eq!(sessions[3].info().unwrap().status, SessionStatus::Closed);
+    assert_eq!(sessions[3].info().unwrap().worker, 1);
+    assert_eq!(loaded_sessions(&brain), 1);
 
     // Worker 0 holds an open and a passivated session, worker 1 two closed ones: the next two
     // sessions go to worker 1, which then has one that counts, then two.
