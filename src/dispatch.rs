@@ -335,7 +335,7 @@ impl Dispatcher {
             | Command::Close { session, .. }
             | Command::ClientEvent { session, .. } => self.ensure_loaded(&session.clone()),
             Command::Delete { session, .. } => {
-                if self.closed_and_dormant(session).is_none() {
+                if self.dormant_closed_registration(session).is_none() {
                     self.ensure_loaded(&session.clone());
                 }
             }

@@ -1831,9 +1831,10 @@ impl Dispatcher {
         }
     }
 
-    /// A dormant session that was closed and whose registration is still known: deleting it
-    /// needs none of its state, so it is not loaded first.
-    pub(crate) fn closed_and_dormant(&self, id: &SessionId) -> Option<String> {
+    /// The registration's name of a session that was closed and then made dormant, when that
+    /// registration is still known: deleting such a session needs none of its state, so it is
+    /// not loaded first.
+    pub(crate) fn dormant_closed_registration(&self, id: &SessionId) -> Option<String> {
         let dormant = self
             .dormant
             .get(id)
@@ -1843,7 +1844,7 @@ impl Dispatcher {
     }
 
     pub(crate) fn delete(&mut self, id: &SessionId) -> Result<[PathBuf; 2], ApiError> {
-        if let Some(registration) = self.closed_and_dormant(id) {
+        if let Some(registration) = self.dormant_closed_registration(id) {
             let create_key = self.create_key_of(id);
             self.journal.delete(id).map_err(journal_error)?;
             if let Some(key) = create_key {
