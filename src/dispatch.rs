@@ -334,13 +334,10 @@ impl Dispatcher {
             | Command::Passivate { session, .. }
             | Command::Close { session, .. }
             | Command::ClientEvent { session, .. } => self.ensure_loaded(&session.clone()),
-            Command::Delete { session, .. } => {
-                if self.dormant_closed_registration(session).is_none() {
-                    self.ensure_loaded(&session.clone());
-                }
-            }
-            // Info describes a dormant session without loading it (`Dispatcher::info_of`).
+            // Each decides whether a dormant session needs loading (`Dispatcher::info_of`,
+            // `Dispatcher::delete`).
             Command::Info { .. }
+            | Command::Delete { .. }
             | Command::List { .. }
             | Command::Shutdown { .. }
             | Command::Create { .. } => {}

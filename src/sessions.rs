@@ -861,12 +861,10 @@ impl Dispatcher {
                 let answer = result
                     .map_err(journal_error)
                     .and_then(|()| self.info(&session));
-                let ended = matches!(
-                    &answer,
-                    Ok(info) if matches!(info.status, SessionStatus::Passivated | SessionStatus::Closed)
-                );
+                let durable = answer.is_ok();
                 reply.deliver(answer);
-                if ended {
+                if durable {
+                    // A passivated or closed session that nothing reopened meanwhile.
                     self.make_dormant(&session);
                 }
             }
@@ -1831,60 +1829,53 @@ impl Dispatcher {
         }
     }
 
-    /// The registration's name of a session that was closed and then made dormant, when that
-    /// registration is still known: deleting such a session needs none of its state, so it is
-    /// not loaded first.
-    pub(crate) fn dormant_closed_registration(&self, id: &SessionId) -> Option<String> {
-        let dormant = self
+    /// Deletes a closed or interrupted session. A session closed and then made dormant is
+    /// deleted as it is, without being loaded: none of its state is needed, and its directories
+    /// follow from its id and registration. Any other is loaded (recovered) first.
+    pub(crate) fn delete(&mut self, id: &SessionId) -> Result<[PathBuf; 2], ApiError> {
+        let closed_dormant = self
             .dormant
             .get(id)
-            .filter(|dormant| dormant.since == Since::Closed)?;
-        let registration = self.registrations.get(dormant.registration)?;
-        Some(registration.name.clone())
-    }
-
-    pub(crate) fn delete(&mut self, id: &SessionId) -> Result<[PathBuf; 2], ApiError> {
-        if let Some(registration) = self.dormant_closed_registration(id) {
-            let create_key = self.create_key_of(id);
-            self.journal.delete(id).map_err(journal_error)?;
-            if let Some(key) = create_key {
-                self.create_keys.forget(&key, id);
+            .filter(|dormant| dormant.since == Since::Closed)
+            .and_then(|dormant| self.registrations.get(dormant.registration));
+        let (interrupted, dirs) = match closed_dormant {
+            Some(registration) => (
+                false,
+                crate::datadir::session_dirs(&self.data_dir, &registration.name, id),
+            ),
+            None => {
+                self.ensure_loaded(id);
+                let session = self.session(id)?;
+                if session.active.is_some() {
+                    return Err(api(
+                        ErrorCode::SessionBusy,
+                        format!("session {id} has an activation queued or running"),
+                    ));
+                }
+                let status = session.status();
+                if !matches!(status, SessionStatus::Closed | SessionStatus::Interrupted) {
+                    return Err(api(
+                        ErrorCode::InvalidRequest,
+                        format!("session {id} is {status:?}; close it before deleting it"),
+                    ));
+                }
+                let dirs = [
+                    session.spec.state_dir.clone(),
+                    session.spec.workspace_dir.clone(),
+                ];
+                (status == SessionStatus::Interrupted, dirs)
             }
-            self.dormant.remove(id);
-            log::info!("session {id}: deleted");
-            return Ok(crate::datadir::session_dirs(
-                &self.data_dir,
-                &registration,
-                id,
-            ));
-        }
-        let session = self.session(id)?;
-        if session.active.is_some() {
-            return Err(api(
-                ErrorCode::SessionBusy,
-                format!("session {id} has an activation queued or running"),
-            ));
-        }
-        let status = session.status();
-        if !matches!(status, SessionStatus::Closed | SessionStatus::Interrupted) {
-            return Err(api(
-                ErrorCode::InvalidRequest,
-                format!("session {id} is {status:?}; close it before deleting it"),
-            ));
-        }
+        };
         let create_key = self.create_key_of(id);
         self.journal.delete(id).map_err(journal_error)?;
         if let Some(key) = create_key {
             self.create_keys.forget(&key, id);
         }
-        if status == SessionStatus::Interrupted {
+        if interrupted {
             self.send_close(id, CloseReason::Deleted);
         }
-        let dirs = self
-            .sessions
-            .remove(id)
-            .map(|s| [s.spec.state_dir.clone(), s.spec.workspace_dir.clone()])
-            .unwrap_or_default();
+        self.sessions.remove(id);
+        self.dormant.remove(id);
         self.let_go_of_memory();
         log::info!("session {id}: deleted");
         Ok(dirs)
