@@ -496,10 +496,7 @@ fn reference_harness_runs_a_tool_calling_loop_and_keeps_native_state() {
         json!({"turns": 1, "last_sequence": 7})
     );
     let first_file = state_file_identity(&state_dir);
-    assert_eq!(
-        first_file.1, 256,
-        "the state file is padded to one sector's worth"
-    );
+    assert_eq!(first_file.1, 256, "the state file is padded to 256 bytes");
 
     // A second turn continues the saved transcript; the state file counts it.
     let params = reference_run(

@@ -354,11 +354,13 @@ impl NativeState {
                 file.file.sync_data()?;
                 return Ok(file);
             }
-            Some(other_size) => other_size.file,
+            Some(other_size) => {
+                other_size.file.set_len(STATE_FILE_SIZE as u64)?;
+                other_size.file
+            }
             None => create(path)?,
         };
         file.write_all_at(&bytes, 0)?;
-        file.set_len(STATE_FILE_SIZE as u64)?;
         file.sync_all()?;
         File::open(path.parent().unwrap_or(Path::new(".")))?.sync_all()?;
         Ok(StateFile {
