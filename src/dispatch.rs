@@ -332,11 +332,11 @@ impl Dispatcher {
             Command::Send { session, .. }
             | Command::Cancel { session, .. }
             | Command::Passivate { session, .. }
-            | Command::Close { session, .. }
             | Command::ClientEvent { session, .. } => self.ensure_loaded(&session.clone()),
             // Each decides whether a dormant session needs loading (`Dispatcher::info_of`,
-            // `Dispatcher::delete`).
+            // `Dispatcher::close`, `Dispatcher::delete`).
             Command::Info { .. }
+            | Command::Close { .. }
             | Command::Delete { .. }
             | Command::List { .. }
             | Command::Shutdown { .. }

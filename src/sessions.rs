@@ -1799,6 +1799,17 @@ impl Dispatcher {
     }
 
     pub(crate) fn close(&mut self, id: &SessionId, reply: Reply<SessionInfo>) {
+        // A retried close of a session closed and made dormant answers it as it is, without
+        // bringing back the memory its first close let go of.
+        if self
+            .dormant
+            .get(id)
+            .is_some_and(|dormant| dormant.since == Since::Closed)
+        {
+            reply.deliver(self.info_of(id));
+            return;
+        }
+        self.ensure_loaded(id);
         let refusal = match self.session(id) {
             Err(error) => Some(error),
             Ok(session) if session.active.is_some() => Some(api(

@@ -1029,6 +1029,9 @@ fn a_closed_session_leaves_memory_and_stops_counting_for_placement() {
     assert_eq!(sessions[3].info().unwrap().status, SessionStatus::Closed);
     assert_eq!(sessions[3].info().unwrap().worker, 1);
     assert_eq!(loaded_sessions(&brain), 1);
+    // Closing a closed session again answers it as it is, still without loading it.
+    assert_eq!(sessions[3].close().unwrap().status, SessionStatus::Closed);
+    assert_eq!(loaded_sessions(&brain), 1);
 
     // Worker 0 holds an open and a passivated session, worker 1 two closed ones: the next two
     // sessions go to worker 1, which then has one that counts, then two.
