@@ -377,10 +377,7 @@ impl Dispatcher {
                 data,
                 reply,
             } => self.client_event(&session, event_type, data, reply),
-            Command::Info { session, reply } => {
-                let info = self.info_of(&session);
-                reply.deliver(info);
-            }
+            Command::Info { session, reply } => reply.deliver(self.info_of(&session)),
             Command::List { reply } => reply.deliver(Ok(self.list())),
         }
     }

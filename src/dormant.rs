@@ -89,6 +89,13 @@ impl DormantSessions {
         self.sessions.get(id).copied()
     }
 
+    /// `id`'s placement, when it is dormant because it was closed: such a session is answered
+    /// (described, closed again, deleted) without being loaded.
+    pub(crate) fn closed(&self, id: &SessionId) -> Option<Dormant> {
+        self.get(id)
+            .filter(|dormant| dormant.since == Since::Closed)
+    }
+
     /// How many dormant sessions count toward `slot` of `registration`.
     pub(crate) fn load(&self, registration: usize, slot: u32) -> usize {
         self.load.get(&(registration, slot)).copied().unwrap_or(0)
@@ -142,6 +149,8 @@ mod tests {
         );
         assert_eq!(dormant.load(0, 0), 0);
         assert_eq!(dormant.load(1, 1), 0, "another registration's slot 1");
+        assert_eq!(dormant.closed(&c), Some(at(0, 1, Since::Closed)));
+        assert_eq!((dormant.closed(&a), dormant.closed(&b)), (None, None));
 
         // Made dormant again with another placement or status: counted once, where it is now.
         dormant.insert(b.clone(), at(0, 0, Since::Passivated));

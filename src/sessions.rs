@@ -1801,11 +1801,7 @@ impl Dispatcher {
     pub(crate) fn close(&mut self, id: &SessionId, reply: Reply<SessionInfo>) {
         // A retried close of a session closed and made dormant answers it as it is, without
         // bringing back the memory its first close let go of.
-        if self
-            .dormant
-            .get(id)
-            .is_some_and(|dormant| dormant.since == Since::Closed)
-        {
+        if self.dormant.closed(id).is_some() {
             reply.deliver(self.info_of(id));
             return;
         }
@@ -1846,8 +1842,7 @@ impl Dispatcher {
     pub(crate) fn delete(&mut self, id: &SessionId) -> Result<[PathBuf; 2], ApiError> {
         let closed_dormant = self
             .dormant
-            .get(id)
-            .filter(|dormant| dormant.since == Since::Closed)
+            .closed(id)
             .and_then(|dormant| self.registrations.get(dormant.registration));
         let (interrupted, dirs) = match closed_dormant {
             Some(registration) => (
