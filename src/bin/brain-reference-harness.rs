@@ -56,7 +56,8 @@ const MAX_ROUNDS: u64 = 32;
 const STATE_FILE: &str = "reference-state.json";
 
 /// The state file's fixed size: a new state overwrites the old one without changing the file's
-/// size or its blocks, so that its `fdatasync` writes the data alone.
+/// size or its blocks, so that its `fdatasync` has no size or allocation to write (the changed
+/// mtime may still cost an inode write, as on ext4 without a journal: docs/BENCHMARKS.md).
 const STATE_FILE_SIZE: usize = 256;
 
 /// The reference harness. Holds no state in memory between runs: the transcript comes from Brain
