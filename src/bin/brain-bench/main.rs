@@ -551,6 +551,34 @@ fn run(options: &Options) -> Result<bool, String> {
                 })
             })
             .collect();
+        // For a throughput target against a baseline: how the arm's rate followed that
+        // baseline's trial (paired, or the round's) from round to round.
+        let host_speed = match arm.ratio {
+            Ratio::RateOver(base, Some(_)) => {
+                let pairs: Vec<(f64, f64)> = (0..plan.rounds)
+                    .filter_map(|r| {
+                        let baseline = rounds.baseline(&arms, index, base, r)?;
+                        let trial = trials[index].get(r)?.as_ref()?;
+                        Some((baseline.rate, trial.rate))
+                    })
+                    .collect();
+                rounds::host_speed(&pairs).map(|speed| {
+                    let half = |half: &rounds::Half| {
+                        json!({
+                            "baseline_rate": round(half.baseline, 1),
+                            "rate": round(half.rate, 1),
+                            "ratio": round(half.ratio(), 3),
+                        })
+                    };
+                    json!({
+                        "baseline": base,
+                        "slower_half": half(&speed.slower),
+                        "faster_half": half(&speed.faster),
+                    })
+                })
+            }
+            _ => None,
+        };
         if let (Some(value), Some(target)) = (ratio, arm.ratio.target()) {
             targets.push(json!({
                 "target": format!("{}: {} {target}", arm.id, arm.ratio.describe()),
@@ -576,6 +604,7 @@ fn run(options: &Options) -> Result<bool, String> {
                 "met": met,
             })),
             "context": context,
+            "host_speed": host_speed,
         }));
     }
     print_table(&rows);

@@ -43,6 +43,24 @@ pub(crate) fn print_table(rows: &[Value]) {
             );
         }
     }
+    for row in rows {
+        let speed = &row["host_speed"];
+        if speed.is_null() {
+            continue;
+        }
+        let (slower, faster) = (&speed["slower_half"], &speed["faster_half"]);
+        println!(
+            "  {:<18} {:>7.3} | {:.3}  ratio in the rounds whose {} ran slower | faster \
+             ({} × {:.2}, the arm × {:.2})",
+            row["id"].as_str().unwrap_or_default(),
+            number(&slower["ratio"]),
+            number(&faster["ratio"]),
+            speed["baseline"].as_str().unwrap_or_default(),
+            speed["baseline"].as_str().unwrap_or_default(),
+            number(&faster["baseline_rate"]) / number(&slower["baseline_rate"]),
+            number(&faster["rate"]) / number(&slower["rate"]),
+        );
+    }
     println!();
     for row in rows {
         println!(

@@ -47,6 +47,51 @@ pub(crate) fn paired_baseline(arms: &[Arm], index: usize) -> Option<usize> {
     (index == 0 || position != index - 1).then_some(position)
 }
 
+/// How an arm's rate followed its paired baseline's from round to round (see [`host_speed`]).
+#[derive(Debug, PartialEq)]
+pub(crate) struct HostSpeed {
+    /// The rounds whose baseline ran slower than the median round.
+    pub slower: Half,
+    /// The rounds whose baseline ran faster than the median round.
+    pub faster: Half,
+}
+
+/// The mean rates of half of the rounds.
+#[derive(Debug, PartialEq)]
+pub(crate) struct Half {
+    pub baseline: f64,
+    pub rate: f64,
+}
+
+impl Half {
+    /// The arm's rate over the baseline's, of the means.
+    pub(crate) fn ratio(&self) -> f64 {
+        self.rate / self.baseline
+    }
+}
+
+/// Splits `pairs` (a round's paired baseline rate, the arm's rate) at the median of the
+/// baseline: the slower half and the faster half of the rounds, the median round left out when
+/// their number is odd. A ratio that cancels the host's speed comes out the same in both
+/// halves; one whose arm speeds up less than its baseline when the host is fast comes out
+/// lower in the faster half. `None` with fewer than 4 pairs, too few to halve.
+pub(crate) fn host_speed(pairs: &[(f64, f64)]) -> Option<HostSpeed> {
+    if pairs.len() < 4 {
+        return None;
+    }
+    let mut sorted = pairs.to_vec();
+    sorted.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let half = sorted.len() / 2;
+    let mean = |rounds: &[(f64, f64)]| Half {
+        baseline: rounds.iter().map(|r| r.0).sum::<f64>() / rounds.len() as f64,
+        rate: rounds.iter().map(|r| r.1).sum::<f64>() / rounds.len() as f64,
+    };
+    Some(HostSpeed {
+        slower: mean(&sorted[..half]),
+        faster: mean(&sorted[sorted.len() - half..]),
+    })
+}
+
 /// Runs `plan.rounds` rounds of `arms`, in order, each paired baseline right before its arm.
 pub(crate) fn run(arms: &[Arm], setup: &Setup, plan: &Plan) -> Rounds {
     let mut rounds = Rounds {
@@ -148,6 +193,29 @@ mod tests {
                 (arms[index].id, base)
             })
             .collect()
+    }
+
+    /// The rounds are halved by the baseline's rate, not by their order, the median round is
+    /// left out, and each half gives the mean of its rates.
+    #[test]
+    fn host_speed_halves_the_rounds_by_their_baselines_rate() {
+        let pairs = [
+            (90.0, 9.0),
+            (60.0, 6.6),
+            (100.0, 9.5),
+            (75.0, 100.0), // the median round: in neither half
+            (70.0, 7.0),
+        ];
+        let speed = host_speed(&pairs).unwrap();
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
+        assert!(close(speed.slower.baseline, 65.0) && close(speed.slower.rate, 6.8));
+        assert!(close(speed.faster.baseline, 95.0) && close(speed.faster.rate, 9.25));
+        assert!(close(speed.slower.ratio(), 6.8 / 65.0));
+        assert!(speed.faster.ratio() < speed.slower.ratio());
+        assert_eq!(host_speed(&pairs[..3]), None);
+        let even = host_speed(&pairs[..4]).unwrap();
+        assert_eq!(even.slower.baseline, 67.5);
+        assert_eq!(even.faster.baseline, 95.0);
     }
 
     #[test]
