@@ -47,7 +47,8 @@ pub(crate) fn paired_baseline(arms: &[Arm], index: usize) -> Option<usize> {
     (index == 0 || position != index - 1).then_some(position)
 }
 
-/// How an arm's rate followed its paired baseline's from round to round (see [`host_speed`]).
+/// How an arm's rate followed its baseline's (the trial each round's ratio was taken against:
+/// the paired one, or the round's) from round to round (see [`host_speed`]).
 #[derive(Debug, PartialEq)]
 pub(crate) struct HostSpeed {
     /// The rounds whose baseline ran slower than the median round.
@@ -70,7 +71,7 @@ impl Half {
     }
 }
 
-/// Splits `pairs` (a round's paired baseline rate, the arm's rate) at the median of the
+/// Splits `pairs` (a round's baseline rate, the arm's rate) at the median of the
 /// baseline: the slower half and the faster half of the rounds, the median round left out when
 /// their number is odd. A ratio that cancels the host's speed comes out the same in both
 /// halves; one whose arm speeds up less than its baseline when the host is fast comes out
