@@ -29,7 +29,7 @@ use crate::effects::{
     Effects, EnvironmentDriver, EnvironmentSpec, ModelCall, ModelProvider, ToolCall,
 };
 use crate::handoff::{Consumer, WorkQueue};
-use crate::journal::{EffectRecord, Journal, JournalError, NewRecord};
+use crate::journal::{EffectRecord, IdlePlacement, Journal, JournalError, NewRecord, Placed};
 use crate::metrics::Metrics;
 use crate::pool::{Deadline, SlotQueue};
 use crate::protocol::harness::{
@@ -133,7 +133,8 @@ impl Executor {
     ///
     /// A model or tool call is started on the calling thread (the dispatcher): its started
     /// record is built and handed to the journal, which never blocks here, and once the record
-    /// is durable the effect is queued for an executor thread. A call that only appends a
+    /// is durable the effect is queued for an executor thread; or, when the journal is idle, the
+    /// record is placed and the executor flushes it before it performs the effect. A call that only appends a
     /// record (`kv.put`, `kv.delete`, `transcript.set`, `emit`) runs here too, and is answered
     /// by whichever thread makes its record durable. Every other call is queued as it is. An
     /// executor cost a thread hand-off (and, with the executors parked, a wake-up) per call for
@@ -180,6 +181,8 @@ enum Work {
     Call(Job, CallbackInput),
     /// An effect whose started record (the sequence) is durable: to perform now.
     Perform(Job, Effect, u64),
+    /// An effect whose started record is placed and not yet durable: to flush, then perform.
+    FlushThenPerform(Job, Effect, Placed),
 }
 
 /// An effect between its started record and its call: what the call needs.
@@ -245,6 +248,16 @@ fn serve(
                 let answer = perform(&job, effect, started);
                 (job, method, answer)
             }
+            Work::FlushThenPerform(job, effect, placed) => {
+                // The flush blocks.
+                queue.hand_off(&mut me);
+                let method = effect.method();
+                let answer = match journal.flush_placed(&placed) {
+                    Ok(()) => perform(&job, effect, placed.sequence),
+                    Err(error) => Err(journal_failed(error)),
+                };
+                (job, method, answer)
+            }
         };
         // From here to the end of the iteration this thread only hands the job's last record to
         // the journal: an effect its flush makes durable meanwhile is what it does next.
@@ -285,6 +298,18 @@ fn conclude(
     match answer {
         Ok(Answer::Now(line)) => reply.send(Ok(line), incarnation),
         Ok(Answer::Start { record, effect }) => {
+            // With the journal idle, the executor that performs the effect flushes its started
+            // record first: one thread woken instead of the writer and then an executor.
+            let record = match journal.place_effect_if_idle(&session, record) {
+                Ok(IdlePlacement::Placed(placed)) => {
+                    let Reply { job, .. } = reply;
+                    // Refused only once the executor is dropped, as in `perform_next`.
+                    let _ = queue.push(Work::FlushThenPerform(job, effect, placed));
+                    return;
+                }
+                Ok(IdlePlacement::Busy(record)) => record,
+                Err(error) => return reply.send(Err(journal_failed(error)), None),
+            };
             let queue = queue.clone();
             let then = move |durable: Result<u64, JournalError>| match durable {
                 Ok(started) => {

@@ -5,7 +5,8 @@
 //! held while the inner journal is called.
 
 use crate::journal::{
-    AppendedCallback, DurableCallback, EffectRecord, Journal, JournalError, NewRecord, SessionView,
+    AppendedCallback, DurableCallback, EffectRecord, IdlePlacement, Journal, JournalError,
+    NewRecord, Placed, SessionView,
 };
 use crate::protocol::harness::{Event, Message};
 use crate::session::SessionId;
@@ -121,6 +122,23 @@ impl Journal for WatchedJournal {
         // Bumped as append_effect_then is.
         self.inner.append_effect_queued(session, record, done);
         self.bump();
+    }
+
+    fn place_effect_if_idle(
+        &self,
+        session: &SessionId,
+        record: EffectRecord,
+    ) -> Result<IdlePlacement, JournalError> {
+        let placement = self.inner.place_effect_if_idle(session, record)?;
+        if matches!(placement, IdlePlacement::Placed(_)) {
+            // Placed is readable, as after append.
+            self.bump();
+        }
+        Ok(placement)
+    }
+
+    fn flush_placed(&self, placed: &Placed) -> Result<(), JournalError> {
+        self.inner.flush_placed(placed)
     }
 
     fn read(

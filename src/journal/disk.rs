@@ -57,8 +57,8 @@ use super::frame::{self, Address, FrameType, SEGMENT_HEADER_LEN};
 use super::recover::{self, Tail};
 use super::segment::{self, Loc, SegmentTable};
 use super::{
-    AppendedCallback, DurableCallback, EffectRecord, Journal, JournalError, NewRecord, SessionView,
-    apply, apply_transcript_delta,
+    AppendedCallback, DurableCallback, EffectRecord, IdlePlacement, Journal, JournalError,
+    NewRecord, Placed, SessionView, apply, apply_transcript_delta,
 };
 use crate::protocol::harness::{Event, Message, OriginKind, RecordKind};
 use crate::session::{SessionId, SessionIdMap};
@@ -870,6 +870,24 @@ impl Journal for DiskJournal {
         }
     }
 
+    fn place_effect_if_idle(
+        &self,
+        session: &SessionId,
+        record: EffectRecord,
+    ) -> Result<IdlePlacement, JournalError> {
+        if !self.shared.is_idle() {
+            return Ok(IdlePlacement::Busy(record));
+        }
+        // The journal may get busy before the frame is placed: then the flush of the placed
+        // record hands off to the writer (see `Shared::flush_through`), which is only slower.
+        let (sequence, end) = self.place_effect(session, &record)?;
+        Ok(IdlePlacement::Placed(Placed { sequence, end }))
+    }
+
+    fn flush_placed(&self, placed: &Placed) -> Result<(), JournalError> {
+        self.shared.flush_through(placed.end)
+    }
+
     fn on_durable(&self, session: &SessionId, sequence: u64, done: DurableCallback) {
         if self.shared.read_only {
             return run_callback(done, Err(read_only()));
@@ -1496,6 +1514,11 @@ impl Shared {
         self.durable.store(position, Ordering::Release);
         let later = waiters.pending.split_off(&position.saturating_add(1));
         std::mem::replace(&mut waiters.pending, later)
+    }
+
+    /// Whether no frame waits to be written and nobody is flushing.
+    fn is_idle(&self) -> bool {
+        !self.read_only && self.log.lock().queue.is_empty() && !self.flusher.is_locked()
     }
 
     /// Asks the writer thread to flush what is queued: for frames whose appender does not flush
@@ -3221,6 +3244,72 @@ mod tests {
         let (sequence, flushed_by) = receiver.recv_timeout(Duration::from_secs(10)).unwrap();
         assert_eq!(sequence, Ok(3));
         assert_eq!(flushed_by, thread::current().name().map(str::to_owned));
+    }
+
+    #[test]
+    fn an_effect_placed_while_idle_waits_for_its_flusher_and_a_busy_journal_gives_it_back() {
+        // What the dispatcher relies on at low load: the started record is placed and nobody
+        // is woken; the executor that flushes it makes it durable on its own thread.
+        let dir = TempDir::new("placed");
+        let journal = open(&dir);
+        let session = id(0);
+        journal.create(&session, created()).unwrap();
+        durable(&journal, &session, 1).unwrap();
+        let started = json!({"activation": 1, "ordinal": 0, "request": {"messages": []}});
+        let record = || EffectRecord::started(RecordKind::ModelCallStarted, &started).unwrap();
+
+        let placed = match journal.place_effect_if_idle(&session, record()).unwrap() {
+            IdlePlacement::Placed(placed) => placed,
+            IdlePlacement::Busy(_) => panic!("an idle journal gave the record back"),
+        };
+        assert_eq!(placed.sequence, 2);
+        // Its frame waits for its flusher, so the journal is busy now: a second record comes
+        // back unplaced, and the session's next sequence is still 3.
+        let busy = match journal.place_effect_if_idle(&session, record()).unwrap() {
+            IdlePlacement::Busy(record) => record,
+            IdlePlacement::Placed(other) => panic!("a busy journal placed {other:?}"),
+        };
+        journal.flush_placed(&placed).unwrap();
+        let (sender, receiver) = crossbeam_channel::bounded(1);
+        journal.on_durable(
+            &session,
+            2,
+            Box::new(move |result| {
+                let name = thread::current().name().map(str::to_owned);
+                sender.send((result.is_ok(), name)).unwrap();
+            }),
+        );
+        // Durable already: the callback ran inline, on this thread.
+        let (ok, ran_on) = receiver.try_recv().unwrap();
+        assert!(ok);
+        assert_eq!(ran_on, thread::current().name().map(str::to_owned));
+
+        let (sender, receiver) = crossbeam_channel::bounded(1);
+        journal.append_effect_queued(
+            &session,
+            busy,
+            Box::new(move |result| sender.send(result.map_err(|e| e.to_string())).unwrap()),
+        );
+        assert_eq!(
+            receiver.recv_timeout(Duration::from_secs(10)).unwrap(),
+            Ok(3)
+        );
+        drop(journal);
+        let journal = open(&dir);
+        let kinds: Vec<String> = journal
+            .read(&session, 0, 10)
+            .unwrap()
+            .into_iter()
+            .map(|event| event.event_type)
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                "session_created",
+                "model_call_started",
+                "model_call_started"
+            ]
+        );
     }
 
     /// Durable records per second at 1, 8 and 64 concurrent sessions (one thread each, every

@@ -189,6 +189,23 @@ pub type DurableCallback = Box<dyn FnOnce(Result<(), JournalError>) + Send>;
 /// prevented it. See [`Journal::append_effect_then`].
 pub type AppendedCallback = Box<dyn FnOnce(Result<u64, JournalError>) + Send>;
 
+/// What [`Journal::place_effect_if_idle`] did with an effect record.
+pub enum IdlePlacement {
+    /// Placed, not yet durable: flush it with [`Journal::flush_placed`].
+    Placed(Placed),
+    /// The journal was busy: the record, unplaced.
+    Busy(EffectRecord),
+}
+
+/// An effect record placed by [`Journal::place_effect_if_idle`] and not yet flushed.
+#[derive(Debug)]
+pub struct Placed {
+    /// The record's sequence.
+    pub sequence: u64,
+    /// Where in the journal's log the record ends: what must be durable.
+    pub(crate) end: u64,
+}
+
 /// A session's lifecycle as its records project it.
 ///
 /// `interrupted` is not a status here: it is derived elsewhere from [`SessionView::marker`].
@@ -458,6 +475,42 @@ pub trait Journal: Send + Sync + 'static {
             }
             Err(error) => done(Err(error)),
         }
+    }
+
+    /// Places an effect record when the journal is idle (no frame waits to be written and
+    /// nobody is flushing), without flushing it or waking anyone: the caller hands the returned
+    /// [`Placed`] to a thread that may block, which makes it durable with
+    /// [`Journal::flush_placed`] before it performs the effect. Gives the record back, unplaced,
+    /// when the journal is busy, and always in the default (which has no such path): then use
+    /// [`Journal::append_effect_queued`].
+    ///
+    /// For the dispatcher at low load: the executor that performs the effect flushes its started
+    /// record itself, instead of the writer thread flushing it and then waking an executor.
+    /// Under load the journal is never idle and batches stay with the writer. A wrapper that
+    /// delegates to another journal should delegate this and `flush_placed` too.
+    ///
+    /// # Errors
+    /// As [`Journal::append`].
+    fn place_effect_if_idle(
+        &self,
+        session: &SessionId,
+        record: EffectRecord,
+    ) -> Result<IdlePlacement, JournalError> {
+        let _ = session;
+        Ok(IdlePlacement::Busy(record))
+    }
+
+    /// Blocks until the record [`Journal::place_effect_if_idle`] placed is durable, flushing on
+    /// this thread if nobody else is. The default, whose `place_effect_if_idle` never places,
+    /// refuses.
+    ///
+    /// # Errors
+    /// When the record cannot be made durable (the journal failed).
+    fn flush_placed(&self, placed: &Placed) -> Result<(), JournalError> {
+        let _ = placed;
+        Err(JournalError::Failed(
+            "this journal does not place records for others to flush".to_owned(),
+        ))
     }
 
     /// The records with sequence greater than `after`, oldest first, at most `limit`: each as an
