@@ -3215,16 +3215,27 @@ mod tests {
             .unwrap();
     }
 
-    #[test]
-    fn an_effect_appended_queued_is_flushed_by_the_journals_thread_even_when_alone() {
-        // What the dispatcher relies on: it starts effects with append_effect_queued and must
-        // never sleep in a flush, while append_effect_then flushes a lone record right here.
-        let dir = TempDir::new("queued");
+    /// A journal in a new directory `tag` holding session 0, its creation durable.
+    fn one_durable_session(tag: &str) -> (TempDir, DiskJournal, SessionId) {
+        let dir = TempDir::new(tag);
         let journal = open(&dir);
         let session = id(0);
         journal.create(&session, created()).unwrap();
         durable(&journal, &session, 1).unwrap();
+        (dir, journal, session)
+    }
+
+    /// A `model_call_started` record of activation 1.
+    fn model_started() -> EffectRecord {
         let started = json!({"activation": 1, "ordinal": 0, "request": {"messages": []}});
+        EffectRecord::started(RecordKind::ModelCallStarted, &started).unwrap()
+    }
+
+    #[test]
+    fn an_effect_appended_queued_is_flushed_by_the_journals_thread_even_when_alone() {
+        // What the dispatcher relies on: it starts effects with append_effect_queued and must
+        // never sleep in a flush, while append_effect_then flushes a lone record right here.
+        let (_dir, journal, session) = one_durable_session("queued");
         let (sender, receiver) = crossbeam_channel::bounded(2);
         let report = move |result: Result<u64, JournalError>| {
             let name = thread::current().name().map(str::to_owned);
@@ -3232,15 +3243,13 @@ mod tests {
                 .send((result.map_err(|e| e.to_string()), name))
                 .unwrap();
         };
-        let record = EffectRecord::started(RecordKind::ModelCallStarted, &started).unwrap();
-        journal.append_effect_queued(&session, record, Box::new(report.clone()));
+        journal.append_effect_queued(&session, model_started(), Box::new(report.clone()));
         let (sequence, flushed_by) = receiver.recv_timeout(Duration::from_secs(10)).unwrap();
         assert_eq!(sequence, Ok(2));
         assert_eq!(flushed_by.as_deref(), Some("brain-journal"));
         durable(&journal, &session, 2).unwrap();
 
-        let record = EffectRecord::started(RecordKind::ModelCallStarted, &started).unwrap();
-        journal.append_effect_then(&session, record, Box::new(report));
+        journal.append_effect_then(&session, model_started(), Box::new(report));
         let (sequence, flushed_by) = receiver.recv_timeout(Duration::from_secs(10)).unwrap();
         assert_eq!(sequence, Ok(3));
         assert_eq!(flushed_by, thread::current().name().map(str::to_owned));
@@ -3250,22 +3259,22 @@ mod tests {
     fn an_effect_placed_while_idle_waits_for_its_flusher_and_a_busy_journal_gives_it_back() {
         // What the dispatcher relies on at low load: the started record is placed and nobody
         // is woken; the executor that flushes it makes it durable on its own thread.
-        let dir = TempDir::new("placed");
-        let journal = open(&dir);
-        let session = id(0);
-        journal.create(&session, created()).unwrap();
-        durable(&journal, &session, 1).unwrap();
-        let started = json!({"activation": 1, "ordinal": 0, "request": {"messages": []}});
-        let record = || EffectRecord::started(RecordKind::ModelCallStarted, &started).unwrap();
+        let (dir, journal, session) = one_durable_session("placed");
 
-        let placed = match journal.place_effect_if_idle(&session, record()).unwrap() {
+        let placed = match journal
+            .place_effect_if_idle(&session, model_started())
+            .unwrap()
+        {
             IdlePlacement::Placed(placed) => placed,
             IdlePlacement::Busy(_) => panic!("an idle journal gave the record back"),
         };
         assert_eq!(placed.sequence, 2);
         // Its frame waits for its flusher, so the journal is busy now: a second record comes
         // back unplaced, and the session's next sequence is still 3.
-        let busy = match journal.place_effect_if_idle(&session, record()).unwrap() {
+        let busy = match journal
+            .place_effect_if_idle(&session, model_started())
+            .unwrap()
+        {
             IdlePlacement::Busy(record) => record,
             IdlePlacement::Placed(other) => panic!("a busy journal placed {other:?}"),
         };
