@@ -78,6 +78,10 @@ enum SegmentEnd {
     Torn { at: u64, why: String },
     /// The rest of the segment could not be read.
     Unreadable { len: u64 },
+    /// The file ended before the length taken when its scan began: the writer sealed it
+    /// meanwhile (cut the zeros written ahead of its frames). Only another process's writer can
+    /// do that, so only a read-only scan meets it.
+    Shrunk,
 }
 
 /// A session during the scan.
@@ -102,11 +106,12 @@ enum Mode {
     /// The journal is about to be written: a torn tail is truncated (a torn header rewritten).
     Repair,
     /// Nothing is written: a torn tail is where the log ends, and a segment that vanished since
-    /// the listing (another process compacted it) is reported rather than an error.
+    /// the listing (another process compacted it) or got shorter while it was read (another
+    /// process sealed it) is reported rather than an error.
     ReadOnly,
 }
 
-/// How many times [`scan_read_only`] starts over because a listed segment was removed.
+/// How many times [`scan_read_only`] starts over because a listed segment was removed or sealed.
 const READ_ONLY_ATTEMPTS: usize = 100;
 
 /// Scans the segments `ids` (ascending) of `dir` and truncates a torn tail of the last one.
@@ -122,8 +127,9 @@ pub(crate) fn scan(dir: &Path, ids: &[u32]) -> Result<Recovered, JournalError> {
 /// Lists and scans the segments of `dir` without writing anything, and returns their ids and
 /// what the scan found. A torn tail of the last segment (for instance a frame another process
 /// is writing right now) is where the log ends: it is neither truncated nor corruption. If a
-/// listed segment is removed before it is opened (another process compacting), the listing and
-/// the scan start over.
+/// listed segment is removed before it is opened (another process compacting), or the last one
+/// gets shorter while it is read (another process sealing it: cutting the zeros past its frames
+/// once it is full), the listing and the scan start over.
 pub(crate) fn scan_read_only(dir: &Path) -> Result<(Vec<u32>, Recovered), JournalError> {
     for _ in 0..READ_ONLY_ATTEMPTS {
         let ids = list_segments(dir)?;
@@ -195,6 +201,13 @@ fn scan_in(dir: &Path, ids: &[u32], mode: Mode) -> Result<Option<Recovered>, Jou
                 };
                 len
             }
+            SegmentEnd::Shrunk if mode == Mode::ReadOnly => return Ok(None),
+            SegmentEnd::Shrunk => {
+                return Err(JournalError::Failed(format!(
+                    "{} got shorter while it was read, with no other writer",
+                    path.display()
+                )));
+            }
         };
         state.table.entry(id).bytes = valid_end;
         end = segment::position(id, offset32(&path, valid_end)?);
@@ -261,6 +274,29 @@ fn zero_tail_start(file: &File, len: u64) -> std::io::Result<u64> {
     Ok(0)
 }
 
+/// Why a segment's scan stopped short of an answer.
+enum ScanError {
+    /// A read found the file shorter than the length taken at the start.
+    Shrunk,
+    Failed(JournalError),
+}
+
+impl From<JournalError> for ScanError {
+    fn from(error: JournalError) -> ScanError {
+        ScanError::Failed(error)
+    }
+}
+
+/// A failed read of `path` as a [`ScanError`]: the end of the file met before the length the
+/// scan took is [`ScanError::Shrunk`].
+fn read_error(path: &Path, error: std::io::Error) -> ScanError {
+    if error.kind() == std::io::ErrorKind::UnexpectedEof {
+        ScanError::Shrunk
+    } else {
+        ScanError::Failed(io_error(path, "reading", error))
+    }
+}
+
 fn scan_segment(
     file: &File,
     path: &Path,
@@ -273,21 +309,33 @@ fn scan_segment(
         .metadata()
         .map_err(|e| io_error(path, "inspecting", e))?
         .len();
+    match scan_segment_up_to(file, path, id, len, is_last, state) {
+        Ok(end) => Ok(end),
+        Err(ScanError::Shrunk) => Ok(SegmentEnd::Shrunk),
+        Err(ScanError::Failed(error)) => Err(error),
+    }
+}
+
+/// Scans the first `len` bytes of segment `id` (its length when the scan began).
+fn scan_segment_up_to(
+    file: &File,
+    path: &Path,
+    id: u32,
+    len: u64,
+    is_last: bool,
+    state: &mut State,
+) -> Result<SegmentEnd, ScanError> {
     offset32(path, len)?;
     state.table.entry(id).bytes = len;
     let zero_from = if is_last {
-        zero_tail_start(file, len).map_err(|e| io_error(path, "reading", e))?
+        zero_tail_start(file, len).map_err(|e| read_error(path, e))?
     } else {
         len
     };
     // Whether an invalid frame whose trustworthy part ends at `extent` is a torn tail.
     let torn = |extent: u64| is_last && extent > zero_from;
     let mut reader = BufReader::with_capacity(1 << 20, file);
-    let mut read = |buffer: &mut [u8]| {
-        reader
-            .read_exact(buffer)
-            .map_err(|e| io_error(path, "reading", e))
-    };
+    let mut read = |buffer: &mut [u8]| reader.read_exact(buffer).map_err(|e| read_error(path, e));
 
     if len < SEGMENT_HEADER_LEN {
         let why = format!("a segment of {len} bytes has no complete header");
@@ -302,12 +350,12 @@ fn scan_segment(
     match frame::check_segment_header(&header) {
         Ok(()) => {}
         Err(HeaderError::OtherVersion(version)) => {
-            return Err(JournalError::Failed(format!(
+            return Err(ScanError::Failed(JournalError::Failed(format!(
                 "{} has journal format version {version}; this Brain reads version {}: start \
                  with a new data directory",
                 path.display(),
                 frame::FORMAT_VERSION
-            )));
+            ))));
         }
         Err(HeaderError::Invalid(why)) => {
             if torn(SEGMENT_HEADER_LEN) {
@@ -511,4 +559,40 @@ pub(crate) fn list_segments(dir: &Path) -> Result<Vec<u32>, JournalError> {
     }
     ids.sort_unstable();
     Ok(ids)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::journal::conformance::{TempDir, created, id};
+    use crate::journal::{DiskJournal, Journal};
+
+    /// A scan that finds the last segment shorter than the length it took (the live writer
+    /// sealed it meanwhile, cutting its zeros) says so instead of failing; the length it took,
+    /// when it is still there, scans clean. (A segment listed before the last one is sealed
+    /// already.)
+    #[test]
+    fn a_segment_shorter_than_the_length_taken_is_reported_as_shrunk() {
+        let dir = TempDir::new("recover-shrunk");
+        let journal_dir = dir.path().join("journal");
+        let journal = DiskJournal::open(&journal_dir).unwrap();
+        journal.create(&id(1), created()).unwrap();
+        journal.sync().unwrap();
+        drop(journal);
+        let ids = list_segments(&journal_dir).unwrap();
+        let last = *ids.last().unwrap();
+        let path = segment::path(&journal_dir, last);
+        let file = File::open(&path).unwrap();
+        let len = file.metadata().unwrap().len();
+        let mut state = State::default();
+        let scanned = scan_segment_up_to(&file, &path, last, len + 4096, true, &mut state);
+        assert!(matches!(scanned, Err(ScanError::Shrunk)));
+        let mut state = State::default();
+        let scanned = scan_segment_up_to(&file, &path, last, len, true, &mut state);
+        assert!(matches!(scanned, Ok(SegmentEnd::Clean(_))));
+        // A read-only scan that met it would start over: here nothing shrinks, and it reads.
+        let (listed, recovered) = scan_read_only(&journal_dir).unwrap();
+        assert_eq!(listed, ids);
+        assert!(recovered.sessions.contains_key(&id(1)));
+    }
 }
