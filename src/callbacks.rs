@@ -133,12 +133,12 @@ impl Executor {
     ///
     /// A model or tool call is started on the calling thread (the dispatcher): its started
     /// record is built and handed to the journal, which never blocks here, and once the record
-    /// is durable the effect is queued for an executor thread; or, when the journal is idle, the
-    /// record is placed and the executor flushes it before it performs the effect. A call that only appends a
-    /// record (`kv.put`, `kv.delete`, `transcript.set`, `emit`) runs here too, and is answered
-    /// by whichever thread makes its record durable. Every other call is queued as it is. An
-    /// executor cost a thread hand-off (and, with the executors parked, a wake-up) per call for
-    /// work that never blocks.
+    /// is durable the effect is queued for an executor thread; or, when the journal is idle,
+    /// the record is placed and the executor flushes it before it performs the effect. A call
+    /// that only appends a record (`kv.put`, `kv.delete`, `transcript.set`, `emit`) runs here
+    /// too, and is answered by whichever thread makes its record durable. Every other call is
+    /// queued as it is. An executor cost a thread hand-off (and, with the executors parked, a
+    /// wake-up) per call for work that never blocks.
     fn submit(&self, job: Job, call: CallbackInput) {
         if matches!(
             call,

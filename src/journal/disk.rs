@@ -1516,9 +1516,10 @@ impl Shared {
         std::mem::replace(&mut waiters.pending, later)
     }
 
-    /// Whether no frame waits to be written and nobody is flushing.
+    /// Whether no frame waits to be written and nobody is flushing. (A read-only journal counts
+    /// as idle: placing refuses it, as every append does.)
     fn is_idle(&self) -> bool {
-        !self.read_only && self.log.lock().queue.is_empty() && !self.flusher.is_locked()
+        self.log.lock().queue.is_empty() && !self.flusher.is_locked()
     }
 
     /// Asks the writer thread to flush what is queued: for frames whose appender does not flush

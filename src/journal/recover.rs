@@ -350,12 +350,13 @@ fn scan_segment_up_to(
     match frame::check_segment_header(&header) {
         Ok(()) => {}
         Err(HeaderError::OtherVersion(version)) => {
-            return Err(ScanError::Failed(JournalError::Failed(format!(
+            return Err(JournalError::Failed(format!(
                 "{} has journal format version {version}; this Brain reads version {}: start \
                  with a new data directory",
                 path.display(),
                 frame::FORMAT_VERSION
-            ))));
+            ))
+            .into());
         }
         Err(HeaderError::Invalid(why)) => {
             if torn(SEGMENT_HEADER_LEN) {
